@@ -1,0 +1,286 @@
+"""Paged prefill attention: causal attention of a batch of new query tokens
+(variable length per sequence) over the paged KV cache.
+
+What it computes
+----------------
+The batch packs the new tokens of B sequences back to back:
+
+    q               [T, Hq, D]     T = total new tokens of the step
+    query_start_loc [B + 1] int32  sequence b owns q rows query_start_loc[b] : query_start_loc[b+1]
+    context_lens    [B] int32      cached tokens of b, *including* this step's (already stored)
+    k_cache         [num_blocks, block_size, Hkv, D]   (v_cache the same)
+    block_tables    [B, max_blocks_per_seq] int32
+    out             [T, Hq, D]
+
+Sequence b has q_len = query_start_loc[b+1] - query_start_loc[b] new tokens; they
+are the *last* q_len tokens of its context, so query j sits at absolute position
+
+    pos_j = context_lens[b] - q_len + j
+
+and attends every cached key at positions 0 .. pos_j (causal). The offset makes
+one kernel serve a plain prefill (q_len == context_len), a later chunk of a
+chunked prefill, speculative verification of k+1 tokens, and plain decode
+(q_len == 1). Sequences with q_len == 0 are simply skipped.
+
+Napkin math
+-----------
+Unlike decode, prefill reuses every K/V tile for BLOCK_M query rows, so it does
+about 2 * BLOCK_M flops per K/V byte per head and becomes compute bound for long
+prompts: flops ~ 4 * sum_b(q_len * (context_len - q_len/2)) * Hq * D. The
+minimum traffic is q + out (2 * T * Hq * D * e) plus the K/V each query tile
+reads; the bench prints that lower bound's GB/s plus achieved TFLOP/s.
+
+Design
+------
+* Grid (query tiles, query heads, sequences). A program owns BLOCK_M consecutive
+  query rows of one sequence and one head, and streams that sequence's keys in
+  tiles of BLOCK_N through the block table, with the same online softmax as the
+  decode kernel. Programs whose tile starts past q_len exit at once; the grid's
+  first axis is sized by max_query_len.
+* The key loop stops at the last key position any row of the tile may see
+  (causal), so a tile early in the chunk does not read keys beyond it.
+* GQA is handled by indexing: query head h reads kv head h // (Hq // Hkv). The
+  group's programs read the same K/V tiles; they mostly come from L2. (Packing
+  the group into the M dimension, as the decode kernel does, would save that L2
+  traffic at the price of more index arithmetic.)
+* One masked loop handles everything: positions past the context and keys after
+  each query's own position get -inf. Splitting off the fully-visible tiles into
+  a mask-free loop would be a further speed-up.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import HAS_TRITON, check, check_device, cuda_or_skip, report, require_triton, tl, triton
+from .paged_decode_attention import _check_inputs as _check_decode_inputs
+from .paged_decode_attention import gather_kv_ref
+
+_LOG2E = 1.4426950408889634
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _paged_prefill_kernel(
+        q_ptr,  # [T, Hq, D]
+        k_cache_ptr,  # [num_blocks, block_size, Hkv, D]
+        v_cache_ptr,  # [num_blocks, block_size, Hkv, D]
+        block_tables_ptr,  # [B, max_blocks_per_seq] int32
+        query_start_loc_ptr,  # [B + 1] int32
+        context_lens_ptr,  # [B] int32
+        out_ptr,  # [T, Hq, D]
+        qk_scale,  # softmax scale * log2(e)
+        stride_qt,
+        stride_qh,
+        stride_ot,
+        stride_oh,
+        stride_bt,
+        Hkv,
+        GROUP: tl.constexpr,  # query heads per kv head
+        BLOCK_SIZE: tl.constexpr,  # tokens per cache block
+        HEAD_DIM: tl.constexpr,
+        BLOCK_M: tl.constexpr,  # query rows per program
+        BLOCK_N: tl.constexpr,  # keys per tile
+    ):
+        tile = tl.program_id(0)
+        h = tl.program_id(1)
+        b = tl.program_id(2)
+
+        q_first = tl.load(query_start_loc_ptr + b)
+        q_len = tl.load(query_start_loc_ptr + b + 1) - q_first
+        m_start = tile * BLOCK_M
+        if m_start >= q_len:
+            # The grid is sized for the longest sequence; shorter ones (and q_len == 0) stop here.
+            return
+
+        ctx = tl.load(context_lens_ptr + b)
+        kvh = h // GROUP
+        rows = m_start + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index within the sequence
+        row_valid = rows < q_len
+        q_pos = ctx - q_len + rows  # [BLOCK_M] absolute positions of the queries
+        d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+        n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
+
+        tok = (q_first + rows).to(tl.int64)  # [BLOCK_M] row in the packed batch
+        q = tl.load(
+            q_ptr + tok[:, None] * stride_qt + h * stride_qh + d[None, :],
+            mask=row_valid[:, None],
+            other=0.0,
+        )  # [BLOCK_M, HEAD_DIM]
+
+        # Causality bounds the keys the whole tile needs: up to the position of
+        # its last valid row (never beyond the context, even for bad inputs).
+        kv_end = tl.minimum(ctx, ctx - q_len + tl.minimum(m_start + BLOCK_M, q_len))
+
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # running max, finite (see decode kernel)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running denominator
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # running numerator
+
+        row_stride = Hkv * HEAD_DIM  # elements between consecutive cache slots
+        bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+        for tile_start in range(0, kv_end, BLOCK_N):
+            pos = tile_start + n  # [BLOCK_N] key positions
+            kv_valid = pos < kv_end
+            phys = tl.load(bt_row + pos // BLOCK_SIZE, mask=kv_valid, other=0).to(tl.int64)  # [BLOCK_N]
+            kv_off = (phys * BLOCK_SIZE + pos % BLOCK_SIZE) * row_stride + kvh * HEAD_DIM  # [BLOCK_N]
+
+            k = tl.load(k_cache_ptr + kv_off[None, :] + d[:, None], mask=kv_valid[None, :], other=0.0)  # [HEAD_DIM, BLOCK_N]
+            s = tl.dot(q, k, input_precision="ieee") * qk_scale  # [BLOCK_M, BLOCK_N]
+            visible = kv_valid[None, :] & (pos[None, :] <= q_pos[:, None])  # causal + in range
+            s = tl.where(visible, s, float("-inf"))
+
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [BLOCK_M]
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+
+            v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_valid[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            m_i = m_new
+
+        # A valid query always sees at least key 0; the guard only protects padding rows.
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(
+            out_ptr + tok[:, None] * stride_ot + h * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None],
+        )
+
+
+def _pick_config(head_dim: int, device: torch.device) -> dict:
+    """Tile sizes. Tests may monkeypatch this to force other tilings."""
+    if device.type != "cuda":
+        # Interpreter: small tiles so short test prompts span several tiles.
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    if head_dim <= 64:
+        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int | None = None,
+) -> torch.Tensor:
+    """out[T, Hq, D]: varlen causal attention of the packed new tokens over the paged cache.
+
+    max_query_len sizes the grid; pass it from the host-side batch metadata.
+    If None it is computed from query_start_loc, which costs a device sync.
+    """
+    name = "paged_prefill_attention"
+    require_triton(name)
+    check(context_lens.dim() == 1, f"{name}: context_lens must be [B], got shape {tuple(context_lens.shape)}")
+    B = context_lens.shape[0]
+    # Everything shared with decode (caches, heads, dtypes, block table) is checked there.
+    _check_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, name=name, batch=B)
+    check(query_start_loc.dim() == 1 and query_start_loc.shape[0] == B + 1,
+          f"{name}: query_start_loc must be [B+1]={B + 1}, got shape {tuple(query_start_loc.shape)}")
+    check(query_start_loc.dtype == torch.int32, f"{name}: query_start_loc must be int32, got {query_start_loc.dtype}")
+    check(query_start_loc.is_contiguous(), f"{name}: query_start_loc must be contiguous")
+    check_device(name, q, query_start_loc)
+
+    T, Hq, D = q.shape
+    _, block_size, Hkv, _ = k_cache.shape
+    out = torch.empty(T, Hq, D, device=q.device, dtype=q.dtype)  # [T, Hq, D]
+    if T == 0 or B == 0:
+        return out
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())  # syncs with the device
+    check(0 <= int(max_query_len) <= T, f"{name}: max_query_len={max_query_len} must lie in [0, T={T}]")
+    if max_query_len == 0:
+        return out
+
+    cfg = _pick_config(D, q.device)
+    grid = (triton.cdiv(int(max_query_len), cfg["BLOCK_M"]), Hq, B)
+    _paged_prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, query_start_loc, context_lens, out,
+        float(scale) * _LOG2E,
+        q.stride(0), q.stride(1),
+        out.stride(0), out.stride(1),
+        block_tables.stride(0),
+        Hkv,
+        GROUP=Hq // Hkv,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=D,
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Oracle: per sequence, gather dense K/V through the block table and apply an
+# explicit causal mask shifted by the context offset.
+# ----------------------------------------------------------------------------
+
+
+def paged_prefill_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int | None = None,  # accepted for signature parity
+) -> torch.Tensor:
+    Hq = q.shape[1]
+    Hkv = k_cache.shape[2]
+    out = torch.zeros_like(q)  # [T, Hq, D]
+    for b in range(context_lens.shape[0]):
+        first, last = int(query_start_loc[b]), int(query_start_loc[b + 1])
+        q_len, n = last - first, int(context_lens[b])
+        if q_len == 0:
+            continue
+        k, v = gather_kv_ref(k_cache, v_cache, block_tables[b], n)  # [n, Hkv, D]
+        k = k.repeat_interleave(Hq // Hkv, dim=1)  # [n, Hq, D]
+        v = v.repeat_interleave(Hq // Hkv, dim=1)  # [n, Hq, D]
+        scores = torch.einsum("qhd,nhd->hqn", q[first:last].float(), k) * scale  # [Hq, q_len, n]
+        q_pos = torch.arange(n - q_len, n, device=q.device)  # [q_len] absolute query positions
+        k_pos = torch.arange(n, device=q.device)  # [n]
+        causal = k_pos[None, :] <= q_pos[:, None]  # [q_len, n]
+        scores = scores.masked_fill(~causal, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)  # [Hq, q_len, n]
+        out[first:last] = torch.einsum("hqn,nhd->qhd", probs, v).to(q.dtype)  # [q_len, Hq, D]
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Benchmark
+# ----------------------------------------------------------------------------
+
+
+def bench(dtype: torch.dtype = torch.bfloat16) -> None:
+    if not cuda_or_skip("paged_prefill_attention"):
+        return
+    from triton.testing import do_bench
+
+    Hq, Hkv, D, block_size = 16, 2, 64, 16
+    e = torch.tensor([], dtype=dtype).element_size()
+    for B, q_len, ctx in [(1, 8192, 8192), (4, 2048, 2048), (8, 512, 4096), (32, 5, 1024)]:
+        blocks_per_seq = ctx // block_size
+        num_blocks = B * blocks_per_seq
+        k_cache = torch.randn(num_blocks, block_size, Hkv, D, device="cuda", dtype=dtype)
+        v_cache = torch.randn_like(k_cache)
+        block_tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(B, blocks_per_seq)
+        context_lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
+        qsl = torch.arange(0, (B + 1) * q_len, q_len, device="cuda", dtype=torch.int32)
+        q = torch.randn(B * q_len, Hq, D, device="cuda", dtype=dtype)
+        ms = do_bench(lambda: paged_prefill_attention(q, k_cache, v_cache, block_tables, qsl, context_lens,
+                                                      D ** -0.5, max_query_len=q_len))
+        # Lower bound on traffic: q, out, and each sequence's K/V read once.
+        nbytes = 2 * B * q_len * Hq * D * e + 2 * B * ctx * Hkv * D * e
+        flops = 4 * B * q_len * (ctx - q_len / 2) * Hq * D
+        report(f"prefill B={B} q_len={q_len} ctx={ctx}", ms, nbytes)
+        print(f"{'':<48s} {flops / (ms * 1e-3) / 1e12:9.1f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    bench()

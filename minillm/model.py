@@ -1,0 +1,147 @@
+"""Llama, the architecture of SmolLM2, over a flat batch of tokens.
+
+There is no batch dimension: a step feeds ``input_ids[T]`` and ``positions[T]`` for
+tokens of many sequences laid end to end, and attention (attention.py) keeps the
+sequences apart. Everything except attention is per token, so it does not care which
+sequence a token belongs to. The same forward serves a whole prompt, one decode
+token, a prefill chunk, or k+1 tokens of speculative verification.
+
+Blocks: embedding -> N x [RMSNorm -> attention (RoPE, GQA) -> residual ->
+RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> tied LM head.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import BACKENDS, AttentionMetadata
+from .config import ModelConfig
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) * weight, computed in float32 (as transformers does), returned in x.dtype."""
+    # x: [..., D], weight: [D]
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, head_dim] for the "rotate half" RoPE layout."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # [D/2]
+    freqs = positions.float()[:, None] * inv_freq[None, :].to(positions.device)  # [T, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [T, D]: the same angle for i and i + D/2
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x[i], x[i + D/2]) by its position's angle.
+
+    x: [T, H, D]; cos, sin: [T, D]. Returns [T, H, D] in x.dtype.
+    """
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # rotate_half
+    return (x * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=False)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        self.scale = cfg.head_dim ** -0.5
+
+    def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache, backend) -> torch.Tensor:
+        cfg = self.cfg
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = apply_rope(q.view(T, cfg.num_heads, cfg.head_dim), cos, sin)  # [T, Hq, D]
+        k = apply_rope(k.view(T, cfg.num_kv_heads, cfg.head_dim), cos, sin)  # [T, Hkv, D]
+        v = v.view(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
+        write, attend = backend
+        k_cache, v_cache = kv_cache
+        write(k, v, k_cache, v_cache, meta.slot_mapping)  # this step's K/V join the cache first
+        o = attend(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
+        return self.o_proj(o.reshape(T, cfg.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # SwiGLU
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, h, cos, sin, meta, kv_cache, backend):
+        h = h + self.attn(self.input_norm(h), cos, sin, meta, kv_cache, backend)
+        return h + self.mlp(self.post_attn_norm(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: ModelConfig, attention_backend: str = "torch"):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.set_attention_backend(attention_backend)
+
+    def set_attention_backend(self, name: str) -> None:
+        if name not in BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+        self.attention_backend = name
+        self._backend = BACKENDS[name]
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        missing, unexpected = self.load_state_dict(weights, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden]."""
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)  # [T, D] each
+        h = self.embed(input_ids)  # [T, hidden]
+        cos, sin = cos.to(h.dtype), sin.to(h.dtype)
+        for layer, kv in zip(self.layers, kv_caches):
+            h = layer(h, cos, sin, meta, kv, self._backend)
+        return self.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> float32 logits [N, vocab], only for the rows that sample."""
+        w = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, w).float()
+
+
+def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
+                dtype: torch.dtype, attention_backend: str = "torch") -> Llama:
+    with torch.device("meta"):
+        model = Llama(cfg, attention_backend)
+    model = model.to_empty(device="cpu")
+    model.load_weights(weights)
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)

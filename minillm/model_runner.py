@@ -1,0 +1,109 @@
+"""From "these requests, this many tokens each" to one forward pass and its logits.
+
+The scheduler hands over rows ``(request, num_new_tokens)``. The runner lays the new
+tokens of all rows end to end and builds the flat tensors of design.md §2:
+
+    input_ids[T], positions[T], slot_mapping[T],
+    block_tables[B, max_blocks], query_start_loc[B+1], context_lens[B]
+
+then runs the model once and computes logits only where a row samples (its last new
+token reaches the end of what the request knows).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention import AttentionMetadata
+from .config import ModelConfig
+from .request import Request
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # tokens fed this step, starting at request.num_computed_tokens
+
+    @property
+    def samples(self) -> bool:
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+
+
+def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device,
+                      dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (K, V), each [num_blocks, block_size, num_kv_heads, head_dim]."""
+    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    return [(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+            for _ in range(cfg.num_layers)]
+
+
+def kv_cache_bytes(kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv_caches)
+
+
+def slots_for(block_ids: list[int], block_size: int, start: int, end: int) -> list[int]:
+    """Cache slots of token positions start..end-1 of a request holding ``block_ids``."""
+    return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.device):
+    """Flat step inputs for ``rows``: (input_ids, positions, AttentionMetadata, sample_rows)."""
+    ids: list[int] = []
+    pos: list[int] = []
+    slots: list[int] = []
+    qstart = [0]
+    ctx: list[int] = []
+    qlens: list[int] = []
+    last_token_index: list[int] = []  # index in [T] of each sampling row's last token
+    sample_rows: list[int] = []
+    for i, row in enumerate(rows):
+        r, n = row.request, row.num_new_tokens
+        start, end = r.num_computed_tokens, r.num_computed_tokens + n
+        ids.extend(r.all_token_ids[start:end])
+        pos.extend(range(start, end))
+        slots.extend(slots_for(r.block_ids, block_size, start, end))
+        qstart.append(qstart[-1] + n)
+        ctx.append(end)
+        qlens.append(n)
+        if row.samples:
+            sample_rows.append(i)
+            last_token_index.append(qstart[-1] - 1)
+    width = max((len(r.request.block_ids) for r in rows), default=1)
+    tables = [r.request.block_ids + [0] * (width - len(r.request.block_ids)) for r in rows]
+    as_t = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
+    meta = AttentionMetadata(
+        slot_mapping=as_t(slots, torch.long),
+        block_tables=as_t(tables, torch.int32),
+        query_start_loc=as_t(qstart, torch.int32),
+        context_lens=as_t(ctx, torch.int32),
+        block_size=block_size,
+        query_lens_list=qlens,
+        context_lens_list=ctx,
+    )
+    return as_t(ids, torch.long), as_t(pos, torch.long), meta, sample_rows, as_t(last_token_index, torch.long)
+
+
+class ModelRunner:
+    """Owns the model and its KV cache; runs one step's forward."""
+
+    def __init__(self, model, cfg: ModelConfig, num_blocks: int, block_size: int,
+                 device: torch.device, dtype: torch.dtype):
+        self.model = model
+        self.cfg = cfg
+        self.block_size = block_size
+        self.device = device
+        self.kv_caches = allocate_kv_cache(cfg, num_blocks, block_size, device, dtype)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return kv_cache_bytes(self.kv_caches)
+
+    @torch.inference_mode()
+    def execute(self, rows: list[ScheduledRequest]) -> tuple[torch.Tensor, list[int]]:
+        """One forward over ``rows`` -> (logits [S, V] float32, indices of the S sampling rows)."""
+        input_ids, positions, meta, sample_rows, last_idx = build_batch(rows, self.block_size, self.device)
+        hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
+        logits = self.model.compute_logits(hidden[last_idx])  # [S, V]
+        return logits, sample_rows

@@ -1,0 +1,44 @@
+import pytest
+import torch
+
+from kernels import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
+
+
+def test_rms_norm_ref_matches_formula():
+    # The oracle itself, against the textbook formula in float64.
+    x = torch.randn(5, 48, dtype=torch.float64)
+    w = torch.randn(48, dtype=torch.float64)
+    expected = x / torch.sqrt((x * x).sum(-1, keepdim=True) / 48 + 1e-5) * w
+    torch.testing.assert_close(rms_norm_ref(x, w, 1e-5), expected)
+    y, r = fused_add_rms_norm_ref(x, 2 * x, w, 1e-5)
+    torch.testing.assert_close(r, 3 * x)
+    torch.testing.assert_close(y, rms_norm_ref(3 * x, w, 1e-5))
+
+
+def _check(T, D, dtype, device, tol, strided=False):
+    g = torch.Generator().manual_seed(T * 1000 + D)
+    width = D + 5 if strided else D
+    # A strided view (row stride != D) stands in for a slice of a wider activation.
+    x = torch.randn(T, width, generator=g).to(dtype).to(device)[:, :D]  # [T, D]
+    res = torch.randn(T, D, generator=g).to(dtype).to(device)  # [T, D]
+    w = (1 + 0.1 * torch.randn(D, generator=g)).to(dtype).to(device)  # [D]
+
+    torch.testing.assert_close(rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6), **tol(dtype))
+    y, new_res = fused_add_rms_norm(x, res, w, 1e-6)
+    y_ref, new_res_ref = fused_add_rms_norm_ref(x, res, w, 1e-6)
+    torch.testing.assert_close(new_res, new_res_ref, atol=0, rtol=0)  # same single rounding
+    torch.testing.assert_close(y, y_ref, **tol(dtype))
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("T,D,strided", [(1, 64, False), (7, 96, True)])
+def test_rms_norm_small(T, D, strided, dtype, device, tol):
+    _check(T, D, dtype, device, tol, strided)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("T,D", [(1, 576), (513, 2048), (4096, 4096), (3, 5000)])
+def test_rms_norm_gpu(T, D, dtype, device, tol):
+    _check(T, D, dtype, device, tol, strided=T == 3)
