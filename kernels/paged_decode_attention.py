@@ -46,6 +46,8 @@ Design
   processed by separate programs, each writing a partial (acc, m, l); a second
   small kernel merges the partials:  out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
   With num_splits == 1 the first kernel normalises and writes the output itself.
+* Both products pass input_precision="ieee": fp32 caches then get true fp32
+  math rather than TF32; fp16/bf16 inputs use tensor cores either way.
 * Softmax runs in base 2 (exp2 is the native instruction): scores are multiplied
   by scale * log2(e) and the m values live in that base-2 domain throughout.
 """
@@ -139,7 +141,8 @@ if HAS_TRITON:
             p = tl.exp2(s - m_new[:, None])  # [BLOCK_G, BLOCK_N]
             l_i = l_i * alpha + tl.sum(p, axis=1)
 
-            v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_valid[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+            # V in natural [BLOCK_N, HEAD_DIM] layout for p @ V.
+            v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_valid[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             m_i = m_new
 
@@ -215,7 +218,8 @@ def _check_inputs(q, k_cache, v_cache, block_tables, context_lens, name="paged_d
     """Checks shared with the prefill kernel, where q is [T, Hq, D] and batch = len(context_lens)."""
     check(q.dim() == 3, f"{name}: q must be [{'B' if batch is None else 'T'}, Hq, D], got shape {tuple(q.shape)}")
     check(k_cache.dim() == 4, f"{name}: k_cache must be [num_blocks, block_size, Hkv, D], got {tuple(k_cache.shape)}")
-    check(v_cache.shape == k_cache.shape, f"{name}: v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
+    check(v_cache.shape == k_cache.shape,
+          f"{name}: v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
     _, Hq, D = q.shape
     B = q.shape[0] if batch is None else batch
     _, block_size, Hkv, Dk = k_cache.shape

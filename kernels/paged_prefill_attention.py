@@ -24,9 +24,9 @@ chunked prefill, speculative verification of k+1 tokens, and plain decode
 
 Napkin math
 -----------
-Unlike decode, prefill reuses every K/V tile for BLOCK_M query rows, so it does
-about 2 * BLOCK_M flops per K/V byte per head and becomes compute bound for long
-prompts: flops ~ 4 * sum_b(q_len * (context_len - q_len/2)) * Hq * D. The
+Unlike decode, prefill reuses every K/V tile for BLOCK_M query rows, so each
+K/V element loaded feeds 2 * BLOCK_M flops and long prompts become compute
+bound: flops ~ 4 * sum_b(q_len * (context_len - q_len/2)) * Hq * D. The
 minimum traffic is q + out (2 * T * Hq * D * e) plus the K/V each query tile
 reads; the bench prints that lower bound's GB/s plus achieved TFLOP/s.
 
@@ -124,7 +124,8 @@ if HAS_TRITON:
             phys = tl.load(bt_row + pos // BLOCK_SIZE, mask=kv_valid, other=0).to(tl.int64)  # [BLOCK_N]
             kv_off = (phys * BLOCK_SIZE + pos % BLOCK_SIZE) * row_stride + kvh * HEAD_DIM  # [BLOCK_N]
 
-            k = tl.load(k_cache_ptr + kv_off[None, :] + d[:, None], mask=kv_valid[None, :], other=0.0)  # [HEAD_DIM, BLOCK_N]
+            # K^T as a [HEAD_DIM, BLOCK_N] tile for q @ K^T.
+            k = tl.load(k_cache_ptr + kv_off[None, :] + d[:, None], mask=kv_valid[None, :], other=0.0)
             s = tl.dot(q, k, input_precision="ieee") * qk_scale  # [BLOCK_M, BLOCK_N]
             visible = kv_valid[None, :] & (pos[None, :] <= q_pos[:, None])  # causal + in range
             s = tl.where(visible, s, float("-inf"))
@@ -134,7 +135,8 @@ if HAS_TRITON:
             p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
             l_i = l_i * alpha + tl.sum(p, axis=1)
 
-            v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_valid[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+            # V in natural [BLOCK_N, HEAD_DIM] layout for p @ V.
+            v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_valid[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             m_i = m_new
 
@@ -171,6 +173,7 @@ def paged_prefill_attention(
 
     max_query_len sizes the grid; pass it from the host-side batch metadata.
     If None it is computed from query_start_loc, which costs a device sync.
+    Rows of q past query_start_loc[B] belong to no sequence; their output is undefined.
     """
     name = "paged_prefill_attention"
     require_triton(name)

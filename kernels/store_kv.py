@@ -73,7 +73,8 @@ def _check_inputs(k, v, k_cache, v_cache, slot_mapping) -> None:
     check(k.dim() == 3, f"{name}: k must be [T, Hkv, D], got shape {tuple(k.shape)}")
     check(v.shape == k.shape, f"{name}: v shape {tuple(v.shape)} != k shape {tuple(k.shape)}")
     check(k_cache.dim() == 4, f"{name}: k_cache must be [num_blocks, block_size, Hkv, D], got {tuple(k_cache.shape)}")
-    check(v_cache.shape == k_cache.shape, f"{name}: v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
+    check(v_cache.shape == k_cache.shape,
+          f"{name}: v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
     T, H, D = k.shape
     check(tuple(k_cache.shape[2:]) == (H, D),
           f"{name}: cache heads/head_dim {tuple(k_cache.shape[2:])} do not match k's (Hkv, D)=({H}, {D})")

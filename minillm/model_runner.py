@@ -107,3 +107,30 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
         logits = self.model.compute_logits(hidden[last_idx])  # [S, V]
         return logits, sample_rows
+
+
+@torch.inference_mode()
+def prompt_logits(model, token_ids: list[int], chunk_size: int | None = None,
+                  block_size: int = 16) -> torch.Tensor:
+    """Logits at every position of one prompt: [len(token_ids), vocab] float32.
+
+    Runs the same flat varlen path as the engines, on a private paged cache, feeding the
+    prompt whole or in chunks of ``chunk_size`` tokens (each chunk attends to the cached
+    ones before it). Used to compare our forward with transformers'.
+    """
+    p = next(model.parameters())
+    n = len(token_ids)
+    num_blocks = -(-n // block_size)
+    caches = allocate_kv_cache(model.cfg, num_blocks, block_size, p.device, p.dtype)
+    from .sampling import SamplingParams
+
+    req = Request("prompt_logits", list(token_ids), SamplingParams())
+    req.block_ids = list(range(num_blocks))
+    out = []
+    step = chunk_size or n
+    while req.num_computed_tokens < n:
+        k = min(step, n - req.num_computed_tokens)
+        ids, pos, meta, _, _ = build_batch([ScheduledRequest(req, k)], block_size, p.device)
+        out.append(model.compute_logits(model(ids, pos, meta, caches)))
+        req.num_computed_tokens += k
+    return torch.cat(out)

@@ -10,7 +10,9 @@ Two markers:
 Triton decides between compiling and interpreting when a kernel is *defined*
 (at @triton.jit time), so the environment variable must be set before the
 kernels package is imported. This conftest is imported before the test
-modules of this folder, which is early enough.
+modules of this folder, which is early enough unless something imported
+triton before (then the Triton tests are skipped with an explanation; set
+TRITON_INTERPRET=1 in the environment or in a top-level conftest instead).
 """
 
 import math
@@ -24,19 +26,26 @@ if not torch.cuda.is_available():
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _interpreter_ready() -> bool:
+    """True if triton and the kernels were imported after TRITON_INTERPRET=1 was set.
+
+    Triton picks compiled vs interpreted mode when each @triton.jit function is
+    defined, including triton's own helpers (tl.cdiv, ...) defined when triton
+    is first imported; a late environment variable cannot fix that.
+    """
+    import triton.language as tl
+
+    from kernels import rmsnorm
+
+    return all(type(f).__name__ == "InterpretedFunction" for f in (tl.cdiv, rmsnorm._rms_norm_kernel))
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "interpreter: small Triton kernel cases (CPU interpreter when no GPU)")
     config.addinivalue_line("markers", "gpu: compiled Triton kernels on CUDA; skipped without a GPU")
-
-
-def _kernels_interpreted() -> bool:
-    """True if the kernels were defined in interpreter mode (env var set early enough)."""
-    from kernels import rmsnorm
-
-    fn = getattr(rmsnorm, "_rms_norm_kernel", None)
-    return fn is not None and type(fn).__name__ == "InterpretedFunction"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -49,10 +58,12 @@ def pytest_collection_modifyitems(config, items):
     skip_no_triton = pytest.mark.skip(reason="triton is not installed")
     skip_no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (and TRITON_INTERPRET unset)")
     skip_late_env = pytest.mark.skip(
-        reason="kernels were imported before TRITON_INTERPRET=1 was set; run tests/kernels on its own"
+        reason="triton was imported before TRITON_INTERPRET=1 was set; export TRITON_INTERPRET=1 first"
     )
-    late = has_triton and INTERPRET and not _kernels_interpreted()
+    late = has_triton and INTERPRET and any(str(i.path).startswith(_HERE) for i in items) and not _interpreter_ready()
     for item in items:
+        if not str(item.path).startswith(_HERE):
+            continue  # conftest hooks see the whole session; only handle this folder
         if "interpreter" in item.keywords or "gpu" in item.keywords:
             if not has_triton:
                 item.add_marker(skip_no_triton)

