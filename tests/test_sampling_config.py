@@ -1,0 +1,86 @@
+"""SamplingParams / EngineConfig validation and the sampler, without the model."""
+import pytest
+import torch
+
+from minillm import EngineConfig, SamplingParams
+from minillm.sampling import apply_top_k_top_p, compute_probs, sample, sample_from_probs
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": 0}, "top_k"),
+    ({"top_k": -2}, "top_k"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 2.5}, "max_tokens"),
+    ({"seed": "x"}, "seed"),
+    ({"stop": [""]}, "stop"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids"),
+])
+def test_bad_sampling_params_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_unknown_sampling_param_is_rejected():
+    with pytest.raises(TypeError):
+        SamplingParams(temprature=0.5)
+
+
+def test_unknown_engine_and_options_list_valid_ones():
+    with pytest.raises(ValueError, match="valid engines: simple"):
+        EngineConfig.from_kwargs(engine="turbo")
+    with pytest.raises(ValueError, match="valid options:.*max_model_len"):
+        EngineConfig.from_kwargs(max_model_lenn=5)
+    for bad in ({"max_num_seqs": 0}, {"block_size": 12}, {"max_model_len": -1}, {"dtype": "int8"},
+                {"attention_backend": "cuda"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            EngineConfig.from_kwargs(**bad)
+
+
+def test_top_k_keeps_exactly_k_and_top_p_keeps_the_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    kept = apply_top_k_top_p(logits, torch.tensor([2]), torch.tensor([1.0]))
+    assert torch.isfinite(kept).sum() == 2 and torch.isfinite(kept[0, :2]).all()
+    # 0.5 + 0.2 = 0.7 < 0.75, so the nucleus needs the third token too.
+    kept = apply_top_k_top_p(logits, torch.tensor([-1]), torch.tensor([0.75]))
+    assert torch.isfinite(kept).sum() == 3
+    kept = apply_top_k_top_p(logits, torch.tensor([-1]), torch.tensor([0.01]))
+    assert torch.isfinite(kept).sum() == 1  # the most likely token always stays
+
+
+def test_compute_probs_temperature_and_greedy():
+    logits = torch.tensor([[2.0, 1.0, 0.0], [2.0, 1.0, 0.0]])
+    p = compute_probs(logits, [SamplingParams(temperature=0.5), SamplingParams(temperature=0)])
+    torch.testing.assert_close(p[0], (logits[0] / 0.5).softmax(-1))
+    assert p[1].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_sampler_draws_the_right_distribution():
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    g = torch.Generator().manual_seed(0)
+    n = 20000
+    draws = torch.stack([sample_from_probs(probs[None], [g]) for _ in range(n)]).flatten()
+    freq = torch.bincount(draws, minlength=4).float() / n
+    # Each frequency is within 4 standard errors of its probability.
+    se = (probs * (1 - probs) / n).sqrt()
+    assert ((freq - probs).abs() < 4 * se).all(), freq
+
+
+def test_seeded_sampling_ignores_the_rest_of_the_batch():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50)
+    params = [SamplingParams(temperature=1.0, top_p=0.9, seed=7)] + [SamplingParams(temperature=0.8)] * 3
+    alone = sample(logits[:1], params[:1], [torch.Generator().manual_seed(7)])
+    gens = [torch.Generator().manual_seed(s) for s in (7, 1, 2, 3)]
+    batched = sample(logits, params, gens)
+    assert batched[0] == alone[0]
+
+
+def test_greedy_rows_draw_no_random_numbers():
+    g = torch.Generator().manual_seed(3)
+    state = g.get_state().clone()
+    sample(torch.randn(2, 10), [SamplingParams(temperature=0)] * 2, [g, g])
+    assert torch.equal(g.get_state(), state)
