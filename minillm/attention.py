@@ -17,7 +17,7 @@ Two backends with one signature: ``torch`` (readable, the oracle) and ``triton``
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,7 @@ class AttentionMetadata:
     # Host-side copies, so the torch backend can plan without device syncs.
     query_lens_list: list[int]
     context_lens_list: list[int]
+    plan: dict = field(default_factory=dict)  # per-step index tensors, built once, reused by every layer
 
     @property
     def num_seqs(self) -> int:
@@ -60,6 +61,31 @@ def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
     return x if group == 1 else x.repeat_interleave(group, dim=-2)
 
 
+def _decode_plan(meta: AttentionMetadata, device) -> dict:
+    """Gather indices for the decode rows, built once per step and shared by every layer."""
+    plan = meta.plan
+    if "decode" not in plan:
+        rows = [b for b, n in enumerate(meta.query_lens_list) if n == 1]
+        if not rows:
+            plan["decode"] = None
+            return plan
+        rows_t = torch.tensor(rows, device=device)
+        L = max(meta.context_lens_list[b] for b in rows)
+        pos = torch.arange(L, device=device)  # [L]
+        ctx = meta.context_lens[rows_t].long()  # [Bd]
+        # Past its own length a row re-reads its last key (then masks it out), so every
+        # gathered slot belongs to that row's blocks.
+        pos_b = torch.minimum(pos[None, :], ctx[:, None] - 1)  # [Bd, L]
+        plan["decode"] = dict(
+            rows=rows_t,
+            all_rows=len(rows) == meta.num_seqs,
+            slots=_gather_slots(meta.block_tables[rows_t], pos_b, meta.block_size),  # [Bd, L]
+            mask=(pos[None, :] < ctx[:, None])[:, None, None, :],  # [Bd, 1, 1, L]
+            tok=meta.query_start_loc[rows_t].long(),  # the single query token of each row
+        )
+    return plan
+
+
 def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Readable paged attention: gather K/V through the block table, then SDPA.
@@ -74,33 +100,28 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     group = Hq // Hkv
     k_flat = k_cache.view(-1, Hkv, D)
     v_flat = v_cache.view(-1, Hkv, D)
-    out = torch.empty_like(q)
-    qlens, clens = meta.query_lens_list, meta.context_lens_list
-    starts = meta.query_start_loc.tolist() if meta.num_seqs else [0]
 
-    decode_rows = [b for b, n in enumerate(qlens) if n == 1]
-    if decode_rows:
-        rows = torch.tensor(decode_rows, device=q.device)
-        L = max(clens[b] for b in decode_rows)
-        pos = torch.arange(L, device=q.device)  # [L]
-        ctx = meta.context_lens[rows].long()  # [Bd]
-        valid = pos[None, :] < ctx[:, None]  # [Bd, L]
-        # Past its own length a row re-reads its last key (then masks it out), so every
-        # gathered slot belongs to that row's blocks.
-        pos_b = torch.minimum(pos[None, :], ctx[:, None] - 1)  # [Bd, L]
-        slots = _gather_slots(meta.block_tables[rows], pos_b, meta.block_size)
-        k = _expand_kv(k_flat[slots], group)  # [Bd, L, Hq, D]
-        v = _expand_kv(v_flat[slots], group)
-        tok = meta.query_start_loc[rows].long()  # the single query token of each row
-        qd = q[tok].unsqueeze(2)  # [Bd, Hq, 1, D]
-        o = F.scaled_dot_product_attention(qd, k.transpose(1, 2), v.transpose(1, 2),
-                                           attn_mask=valid[:, None, None, :], scale=scale)
-        out[tok] = o.squeeze(2)
+    dec = _decode_plan(meta, q.device)["decode"]
+    if dec is not None:
+        k = k_flat[dec["slots"]].transpose(1, 2)  # [Bd, Hkv, L, D]
+        v = v_flat[dec["slots"]].transpose(1, 2)
+        # GQA without copying K/V: the `group` query heads of one KV head become
+        # `group` query rows against that head's keys.
+        qd = q[dec["tok"]].view(-1, Hkv, group, D)  # [Bd, Hkv, group, D]
+        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=dec["mask"], scale=scale)
+        o = o.reshape(-1, Hq, D)  # [Bd, Hq, D]
+        if dec["all_rows"]:  # a pure decode step: rows are the tokens, in order
+            return o
+        out = torch.empty_like(q)
+        out[dec["tok"]] = o
+    else:
+        out = torch.empty_like(q)
 
-    for b, n in enumerate(qlens):
+    starts = meta.query_start_loc.tolist()
+    for b, n in enumerate(meta.query_lens_list):
         if n <= 1:
             continue
-        ctx = clens[b]
+        ctx = meta.context_lens_list[b]
         pos = torch.arange(ctx, device=q.device)
         slots = _gather_slots(meta.block_tables[b], pos, meta.block_size)
         k = _expand_kv(k_flat[slots], group).transpose(0, 1)  # [Hq, ctx, D]
