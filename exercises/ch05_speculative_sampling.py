@@ -1,0 +1,132 @@
+"""Chapter 5 exercises: the rejection-sampling rule, the n-gram drafter, the speedup.
+
+Replace each ``raise NotImplementedError`` with your code, then grade it from the
+repository root:
+
+    make grade CHAPTER=ch05          # or: .venv/bin/python tests/grade.py ch05
+
+Each docstring gives the shapes, the contract the tests check, and hints. Once you
+have tried, compare with the file of ``minillm/`` named at the end of the docstring.
+Plain PyTorch and Python are all you need; do not import the answers from ``minillm``.
+
+Notation: the drafter proposes x_0 .. x_{k-1}, x_i sampled from q_i; the target model
+gives p_0 .. p_k (p_i for the slot of x_i, p_k for the slot after the last draft).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def accept_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """The probability of keeping a drafted token x: min(1, p(x) / q(x)).
+
+    Shapes: p_x and q_x, any shape (the same, or broadcastable) -> that shape.
+    p_x holds the target's probability of each drafted token, q_x the drafter's;
+    every q_x is > 0 (x was sampled from q).
+
+    Contract: elementwise min(1, p_x / q_x). A token the target likes at least as much
+    as the drafter (p >= q) is always kept; one the target never picks (p = 0) never is.
+
+    Hints: one division and ``clamp(max=1.0)`` (or ``torch.minimum``).
+
+    Answer, after you try: ``minillm/spec/rejection_sampler.py``, ``acceptance_probability``.
+    """
+    raise NotImplementedError
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Where a rejected draft is replaced from: norm(max(0, p - q)).
+
+    Shapes: p, q [..., V] (probability distributions over the last dim) -> [..., V].
+
+    Contract, for each row:
+      - r = max(0, p - q) elementwise, divided by its sum, so the row sums to 1;
+      - tokens where q >= p get probability 0: the drafter already proposes them at
+        least as often as the target wants, so a resample must not add more;
+      - if r sums to 0 (p == q), return p for that row. (That row can never be
+        reached -- with p == q every draft is accepted -- but it must not be nan.)
+
+    Hints: ``(p - q).clamp(min=0)``, ``sum(dim=-1, keepdim=True)``, ``torch.where``.
+    Divide by ``mass.clamp(min=tiny)`` so the all-zero rows do not make nan.
+
+    Answer, after you try: ``minillm/spec/rejection_sampler.py``, ``residual_distribution``.
+    """
+    raise NotImplementedError
+
+
+def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """alpha: the probability that one draft x ~ q is accepted against p.
+
+    Shapes: p, q [..., V] -> [...].
+
+    Contract: alpha = E_{x ~ q}[min(1, p(x) / q(x))] = sum_x min(p(x), q(x)),
+    which is 1 - TV(p, q): 1 when the drafter is the target, 0 when they share no token.
+
+    Hints: write out the expectation and simplify q(x) * min(1, p(x)/q(x)).
+
+    Answer, after you try: ``minillm/spec/rejection_sampler.py``, ``acceptance_rate``.
+    """
+    raise NotImplementedError
+
+
+def rejection_sample_one(draft_tokens: list[int], q: torch.Tensor, p: torch.Tensor,
+                         uniforms: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """Verify one request's k drafts, with the random numbers given to you.
+
+    Shapes: draft_tokens, k ints; q [k, V] (q[i] is what draft_tokens[i] was sampled
+    from); p [k+1, V]; uniforms [k], each in [0, 1).
+    Returns (accepted, last_probs): the accepted drafts (a prefix of draft_tokens) and
+    the distribution [V] the one extra token is sampled from.
+
+    Contract (Leviathan et al. 2023; Chen et al. 2023):
+      - walk i = 0, 1, ...: accept draft_tokens[i] iff uniforms[i] < min(1, p_i(x) / q_i(x))
+        (so it is accepted with exactly that probability);
+      - at the first rejection, stop: last_probs = norm(max(0, p_i - q_i));
+      - if all k are accepted: last_probs = p[k] (the "bonus" token).
+    The caller then emits accepted + [a sample of last_probs]: between 1 and k + 1
+    tokens, and every one of them has exactly the target's distribution.
+
+    Hints: a plain loop over i; reuse your two functions above.
+
+    Answer, after you try: ``minillm/spec/rejection_sampler.py``, ``verify_probs`` (the
+    probabilities, batched) and ``emit_tokens`` (the walk); ``rejection_sample_ref`` is
+    the same algorithm as a loop.
+    """
+    raise NotImplementedError
+
+
+def ngram_propose(tokens: list[int], n: int, k: int) -> list[int]:
+    """Prompt lookup: guess the next tokens by copying from earlier in the sequence.
+
+    tokens: prompt + output so far. Returns up to k proposed tokens.
+
+    Contract:
+      - take the last n tokens (the suffix); find the most recent earlier position j
+        where they occur, tokens[j:j+n] == suffix, with at least one token after the
+        occurrence (j + n < len(tokens), which also keeps the suffix from matching itself);
+      - propose tokens[j+n : j+n+k] -- what followed it, at most k tokens, cut at the
+        end of the sequence;
+      - [] if the suffix did not occur earlier, if len(tokens) <= n, or if k == 0.
+    Only this n: no fallback to shorter suffixes.
+
+    Hints: loop j from len(tokens) - n - 1 down to 0 and compare slices.
+
+    Answer, after you try: ``minillm/spec/ngram.py``, ``NgramProposer.propose`` (which
+    also tries n_max down to n_min).
+    """
+    raise NotImplementedError
+
+
+def expected_tokens_per_forward(alpha: float, k: int) -> float:
+    """Mean tokens one verification step emits, if each draft is accepted with probability alpha.
+
+    Contract: drafts are accepted independently with probability alpha and the walk
+    stops at the first rejection; the step emits the accepted drafts plus one token, so
+        E = 1 + alpha + alpha^2 + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha),
+    and E = k + 1 when alpha == 1. Always 1 <= E <= k + 1.
+
+    Hints: P(at least i drafts accepted) = alpha^i; watch out for alpha == 1.
+
+    Answer, after you try: ``minillm/spec/rejection_sampler.py``, ``expected_num_emitted``.
+    """
+    raise NotImplementedError

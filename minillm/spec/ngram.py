@@ -1,0 +1,48 @@
+"""N-gram drafting ("prompt lookup"): propose tokens by copying from the context.
+
+Text repeats itself: code edits echo the code in the prompt, summaries quote the
+document, chat answers reuse names. If the last n tokens appeared earlier in
+prompt + output, the tokens that followed them then are a good guess for what follows
+now. The drafter costs no model forward and no memory, and it is deterministic: its
+q is the one-hot of each proposal, so the verifier accepts a proposal x with
+probability p(x) (``rejection_sample(..., draft_probs=None, ...)``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class NgramProposer:
+    n_max: int = 3  # longest suffix to look up; longer matches are more specific
+    n_min: int = 1  # shortest one we still trust
+    k: int = 4  # default number of tokens to propose
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n_min <= self.n_max:
+            raise ValueError(f"need 1 <= n_min <= n_max, got n_min={self.n_min}, n_max={self.n_max}")
+        if self.k < 0:
+            raise ValueError(f"k must be >= 0, got {self.k}")
+
+    def propose(self, token_ids: list[int], k: int | None = None) -> list[int]:
+        """Up to k tokens that followed the most recent earlier occurrence of the suffix.
+
+        Tries suffix lengths n = n_max down to n_min and uses the first that occurs
+        earlier in ``token_ids`` (prompt + output so far); among its occurrences, the
+        most recent one wins (recent context predicts best). The proposal is what
+        followed that occurrence, cut at k tokens and at the end of the sequence.
+        Returns [] when no suffix of length >= n_min occurred before.
+        """
+        k = self.k if k is None else k
+        if k <= 0:
+            return []
+        tokens = list(token_ids)
+        L = len(tokens)
+        for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
+            suffix = tokens[L - n:]
+            # An occurrence starting at j is followed by tokens[j + n]; j + n <= L - 1
+            # also keeps the suffix from matching itself.
+            for j in range(L - n - 1, -1, -1):
+                if tokens[j:j + n] == suffix:
+                    return tokens[j + n:j + n + k]
+        return []

@@ -1,0 +1,48 @@
+"""Chapter 5 solutions: same names and signatures as ``exercises/ch05_speculative_sampling.py``.
+
+The answers are the code ``minillm/spec`` runs; each wrapper says where to read it.
+"""
+from __future__ import annotations
+
+import torch
+
+from minillm.spec import rejection_sampler
+from minillm.spec.ngram import NgramProposer
+
+
+def accept_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """Read ``minillm/spec/rejection_sampler.py``, ``acceptance_probability``."""
+    return rejection_sampler.acceptance_probability(p_x, q_x)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Read ``minillm/spec/rejection_sampler.py``, ``residual_distribution``: clamp, normalize, p if empty."""
+    return rejection_sampler.residual_distribution(p, q)
+
+
+def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Read ``minillm/spec/rejection_sampler.py``, ``acceptance_rate``: sum of min(p, q)."""
+    return rejection_sampler.acceptance_rate(p, q)
+
+
+def rejection_sample_one(draft_tokens: list[int], q: torch.Tensor, p: torch.Tensor,
+                         uniforms: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """Read ``minillm/spec/rejection_sampler.py``: ``verify_probs`` gives every acceptance
+    probability and the distribution for each stopping point; ``emit_tokens`` walks them
+    with ``u < accept``. Here the walk uses the uniforms we are given."""
+    ids = torch.tensor(draft_tokens, dtype=torch.long).reshape(1, -1)  # a batch of one row
+    accept, emit = rejection_sampler.verify_probs(ids, q[None], p[None])  # [1, k], [1, k+1, V]
+    num_accepted = 0
+    while num_accepted < len(draft_tokens) and uniforms[num_accepted] < accept[0, num_accepted]:
+        num_accepted += 1
+    return list(draft_tokens[:num_accepted]), emit[0, num_accepted]
+
+
+def ngram_propose(tokens: list[int], n: int, k: int) -> list[int]:
+    """Read ``minillm/spec/ngram.py``, ``NgramProposer.propose``, here with n_min = n_max = n."""
+    return NgramProposer(n_max=n, n_min=n, k=k).propose(tokens)
+
+
+def expected_tokens_per_forward(alpha: float, k: int) -> float:
+    """Read ``minillm/spec/rejection_sampler.py``, ``expected_num_emitted``: a geometric sum."""
+    return rejection_sampler.expected_num_emitted(alpha, k)

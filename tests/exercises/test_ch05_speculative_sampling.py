@@ -1,0 +1,236 @@
+"""Grades exercises/ch05_speculative_sampling.py (or solutions/, with MINILLM_IMPL=solutions).
+
+Oracles are written here in float64, never taken from minillm, so the tests stay
+meaningful for the solutions that wrap minillm. Small tensors only: seconds to run.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import adapters
+
+pytestmark = pytest.mark.exercises
+
+CHAPTER = "ch05_speculative_sampling"
+accept_probability = adapters.function(CHAPTER, "accept_probability")
+residual_distribution = adapters.function(CHAPTER, "residual_distribution")
+acceptance_rate = adapters.function(CHAPTER, "acceptance_rate")
+rejection_sample_one = adapters.function(CHAPTER, "rejection_sample_one")
+ngram_propose = adapters.function(CHAPTER, "ngram_propose")
+expected_tokens_per_forward = adapters.function(CHAPTER, "expected_tokens_per_forward")
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _dist(*shape: int, seed: int, zero_frac: float = 0.3) -> torch.Tensor:
+    """Random float64 distributions over the last dim, some entries exactly 0."""
+    g = _gen(seed)
+    logits = 2 * torch.randn(shape, generator=g, dtype=torch.float64)
+    zeros = torch.rand(shape, generator=g) < zero_frac
+    zeros[..., 0] = False
+    return logits.masked_fill(zeros, float("-inf")).softmax(-1)
+
+
+def _residual_ref(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    r = (p - q).clamp(min=0)
+    return r / r.sum()
+
+
+# ---------------------------------------------------------------- accept_probability
+
+
+def test_accept_probability_values():
+    p_x = torch.tensor([0.5, 0.1, 0.0, 0.3, 0.2])
+    q_x = torch.tensor([0.25, 0.4, 0.3, 0.3, 0.1])
+    got = accept_probability(p_x, q_x)
+    assert isinstance(got, torch.Tensor) and got.shape == p_x.shape, "one probability per drafted token"
+    torch.testing.assert_close(
+        got, torch.tensor([1.0, 0.25, 0.0, 1.0, 1.0]),
+        msg=lambda m: "accept probability must be min(1, p(x) / q(x)): 1 when p >= q, 0 when p = 0\n" + m,
+    )
+
+
+def test_accept_probability_broadcasts():
+    p_x, q_x = torch.rand(3, 4, generator=_gen(0)), torch.rand(3, 4, generator=_gen(1)) + 0.01
+    got = accept_probability(p_x, q_x)
+    torch.testing.assert_close(got, torch.minimum(torch.ones(()), p_x / q_x))
+
+
+# ---------------------------------------------------------------- residual_distribution
+
+
+def test_residual_hand_example():
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    q = torch.tensor([0.2, 0.2, 0.3, 0.3])
+    torch.testing.assert_close(
+        residual_distribution(p, q), torch.tensor([0.75, 0.25, 0.0, 0.0]),
+        msg=lambda m: "max(0, p - q) = [0.3, 0.1, 0, 0], normalized to sum 1 = [0.75, 0.25, 0, 0]\n" + m,
+    )
+
+
+def test_residual_batched():
+    p, q = _dist(2, 3, 7, seed=2), _dist(2, 3, 7, seed=3)
+    got = residual_distribution(p, q)
+    assert got.shape == p.shape, (
+        f"residual_distribution works on [..., V]: shape {tuple(p.shape)}, got {tuple(got.shape)}"
+    )
+    for idx in [(0, 0), (0, 2), (1, 1)]:
+        torch.testing.assert_close(
+            got[idx], _residual_ref(p[idx], q[idx]),
+            msg=lambda m: f"row {idx}: norm(max(0, p - q)) over the last dim, each row on its own\n" + m,
+        )
+
+
+def test_residual_when_p_equals_q():
+    p = _dist(2, 5, seed=4)
+    got = residual_distribution(p, p.clone())
+    assert not got.isnan().any(), "with p == q the residual has no mass: return p, not nan (0 / 0)"
+    torch.testing.assert_close(got, p, msg=lambda m: "with p == q the residual must fall back to p\n" + m)
+
+
+# ---------------------------------------------------------------- acceptance_rate
+
+
+def test_acceptance_rate():
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0], dtype=torch.float64)
+    q = torch.tensor([0.2, 0.2, 0.3, 0.3], dtype=torch.float64)
+    got = acceptance_rate(p, q)
+    assert float(got) == pytest.approx(0.6), "alpha = sum_x min(p(x), q(x)) = 0.2 + 0.2 + 0.2 + 0 = 0.6"
+    P, Q = _dist(4, 6, seed=5), _dist(4, 6, seed=6)
+    got = acceptance_rate(P, Q)
+    assert got.shape == (4,), f"one alpha per row: [..., V] -> [...], got {tuple(got.shape)}"
+    expected = (Q * torch.where(Q > 0, P / Q, 0.0).clamp(max=1)).sum(-1)  # E_{x~q}[min(1, p/q)]
+    torch.testing.assert_close(got, expected, msg=lambda m: "alpha = E_{x~q}[min(1, p(x)/q(x))]\n" + m)
+    torch.testing.assert_close(acceptance_rate(P, P), torch.ones(4, dtype=torch.float64),
+                               msg=lambda m: "a drafter equal to the target is always accepted\n" + m)
+
+
+# ---------------------------------------------------------------- rejection_sample_one
+
+
+def _setup(k: int, V: int, seed: int):
+    q, p = _dist(k, V, seed=seed), _dist(k + 1, V, seed=seed + 1)
+    draft = torch.multinomial(q.float(), 1, generator=_gen(seed + 2))[:, 0].tolist()
+    a = [min(1.0, float(p[i, x] / q[i, x])) for i, x in enumerate(draft)]
+    return draft, q, p, a
+
+
+def _check_result(result, k: int, V: int):
+    assert isinstance(result, tuple) and len(result) == 2, "return (accepted tokens, last_probs)"
+    accepted, last = result
+    assert isinstance(last, torch.Tensor) and last.shape == (V,), f"last_probs is one distribution [V={V}]"
+    return list(accepted), last
+
+
+def test_rejection_sample_one_hand_example():
+    q = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    p = torch.tensor([[0.25, 0.75, 0.0], [0.4, 0.4, 0.2], [0.1, 0.1, 0.8]])
+    # draft 0 = token 1: p/q = 1.5 -> always accepted; draft 1 = token 2: p/q = 0.4.
+    accepted, last = _check_result(rejection_sample_one([1, 2], q, p, torch.tensor([0.99, 0.3])), 2, 3)
+    assert accepted == [1, 2], "u = 0.3 < 0.4 accepts the second draft too"
+    torch.testing.assert_close(last, p[2], msg=lambda m: "all drafts accepted: last_probs is the bonus row p[k]\n" + m)
+    accepted, last = _check_result(rejection_sample_one([1, 2], q, p, torch.tensor([0.99, 0.5])), 2, 3)
+    assert accepted == [1], "u = 0.5 >= 0.4 rejects the second draft"
+    torch.testing.assert_close(
+        last, torch.tensor([2 / 3, 1 / 3, 0.0]),
+        msg=lambda m: "rejected at position 1: last_probs = norm(max(0, p[1] - q[1])) = norm([0.2, 0.1, 0])\n" + m,
+    )
+
+
+@pytest.mark.exercises(points=2)
+def test_rejection_sample_one_accepts_with_probability_min_1_p_over_q():
+    k, V = 4, 6
+    for seed in range(5):
+        draft, q, p, a = _setup(k, V, 10 * seed)
+        for i in range(k):
+            # Accept the first i drafts for sure (u = 0 < a whenever a > 0), then probe position i.
+            if any(x == 0 for x in a[:i]):
+                break
+            for u, accept in [(a[i] - 1e-6, True), (a[i] + 1e-6, False)]:
+                if not 0 <= u < 1:
+                    continue
+                uniforms = torch.tensor([0.0] * i + [u] + [0.5] * (k - i - 1), dtype=torch.float64)
+                accepted, last = _check_result(rejection_sample_one(draft, q, p, uniforms), k, V)
+                assert accepted[:i] == draft[:i], "a draft with u < min(1, p/q) must be accepted"
+                assert (len(accepted) > i) == accept, (
+                    f"draft {i} has min(1, p/q) = {a[i]:.4f}: u = {u:.6f} must "
+                    f"{'accept' if accept else 'reject'} it (accept iff u < min(1, p(x)/q(x)))"
+                )
+                if not accept:
+                    assert accepted == draft[:i], "the walk stops at the first rejection"
+                    torch.testing.assert_close(
+                        last.double(), _residual_ref(p[i], q[i]), atol=1e-6, rtol=1e-6,
+                        msg=lambda m: f"rejected at {i}: last_probs = norm(max(0, p[{i}] - q[{i}]))\n" + m,
+                    )
+
+
+@pytest.mark.exercises(points=2)
+def test_rejection_sample_one_first_token_is_exact():
+    # P(first emitted token = t) = sum_x q(x) [a(x) 1{t = x} + (1 - a(x)) r_x(t)] must be p_0(t),
+    # where r_x is what the learner resamples from after rejecting x (u = 1 - 1e-9 rejects unless a = 1).
+    V = 5
+    q, p = _dist(1, V, seed=40), _dist(2, V, seed=41)
+    first = torch.zeros(V, dtype=torch.float64)
+    for x in range(V):
+        if q[0, x] == 0:
+            continue
+        a = min(1.0, float(p[0, x] / q[0, x]))
+        first[x] += q[0, x] * a
+        if a < 1:
+            accepted, last = _check_result(rejection_sample_one([x], q, p, torch.tensor([1 - 1e-9])), 1, V)
+            assert accepted == [], "u close to 1 must reject a draft with min(1, p/q) < 1"
+            first += q[0, x] * (1 - a) * last.double()
+    torch.testing.assert_close(
+        first, p[0], atol=1e-6, rtol=1e-6,
+        msg=lambda m: "accepted drafts plus resampled tokens must follow the target p_0 exactly\n" + m,
+    )
+
+
+def test_rejection_sample_one_greedy():
+    V, k = 5, 3
+    target = [2, 4, 1, 0]  # the target's argmax at each of the k + 1 slots
+    p = torch.nn.functional.one_hot(torch.tensor(target), V).double()
+    draft = [2, 4, 3]  # the third draft is wrong
+    q = torch.nn.functional.one_hot(torch.tensor(draft), V).double()
+    for u in (0.0, 0.5, 0.999):
+        accepted, last = _check_result(rejection_sample_one(draft, q, p, torch.full((k,), u)), k, V)
+        assert accepted == [2, 4], "greedy (one-hot p and q): accept iff the draft is the target's argmax"
+        torch.testing.assert_close(last, p[2], msg=lambda m: "then emit the target's argmax (one-hot residual)\n" + m)
+
+
+# ---------------------------------------------------------------- ngram_propose
+
+
+def test_ngram_propose():
+    tokens = [5, 6, 7, 8, 9, 1, 6, 7]
+    assert ngram_propose(tokens, 2, 4) == [8, 9, 1, 6], "suffix [6, 7] occurred at 1; it was followed by 8, 9, 1, 6"
+    assert ngram_propose(tokens, 2, 2) == [8, 9], "at most k tokens"
+    assert ngram_propose(tokens, 1, 3) == [8, 9, 1], "suffix [7] occurred at 2"
+    assert ngram_propose([4, 1, 4, 2, 4, 3, 4], 1, 1) == [3], "the most recent earlier occurrence wins"
+    assert ngram_propose([1, 2, 3, 1, 2], 2, 5) == [3, 1, 2], "the proposal stops at the end of the sequence"
+    assert ngram_propose([1, 1, 1, 1], 3, 4) == [1], "an occurrence may overlap the suffix, not be it"
+
+
+def test_ngram_propose_no_match():
+    assert ngram_propose([1, 2, 3, 4], 1, 3) == [], "no earlier occurrence: propose nothing"
+    assert ngram_propose([1, 2, 3, 2], 2, 3) == [], "only n-grams of length n count (no fallback to n - 1)"
+    assert ngram_propose([7, 7], 2, 3) == [], "len(tokens) <= n: there is no earlier position"
+    assert ngram_propose([], 1, 3) == []
+    assert ngram_propose([1, 2, 1], 1, 0) == [], "k = 0 proposes nothing"
+
+
+# ---------------------------------------------------------------- expected_tokens_per_forward
+
+
+def test_expected_tokens_per_forward():
+    for alpha, k in [(0.5, 1), (0.5, 4), (0.8, 3), (0.9, 7), (0.3, 0)]:
+        expected = sum(alpha ** i for i in range(k + 1))
+        got = expected_tokens_per_forward(alpha, k)
+        assert got == pytest.approx(expected), (
+            f"alpha={alpha}, k={k}: 1 + alpha + ... + alpha^k = {expected:.6f}, got {got}"
+        )
+    assert expected_tokens_per_forward(1.0, 4) == pytest.approx(5.0), "alpha = 1: every draft accepted, k + 1 tokens"
+    assert expected_tokens_per_forward(0.0, 4) == pytest.approx(1.0), "alpha = 0: only the one target token"
