@@ -17,12 +17,14 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from . import device as device_rules
+from .block_manager import num_blocks_from_budget
 from .config import EngineConfig, ModelConfig
+from .metrics import StepRecord, record_step
 from .model import build_model
 from .model_runner import ModelRunner
 from .request import FinishReason, Request, RequestMetrics
 from .sampling import SamplingParams, sample
-from .scheduler import ContinuousScheduler, Scheduler, SchedulerOutput
+from .scheduler import ContinuousScheduler, PagedScheduler, Scheduler, SchedulerOutput, StaticScheduler
 
 
 @dataclass(slots=True)
@@ -38,24 +40,6 @@ class RequestOutput:
     def __repr__(self) -> str:
         return (f"RequestOutput(id={self.request_id}, finish_reason={self.finish_reason}, "
                 f"tokens={len(self.token_ids)}, text={self.text[:60]!r})")
-
-
-@dataclass(slots=True)
-class StepRecord:
-    """What one engine step did: the raw material of every chart."""
-
-    step: int
-    start: float
-    end: float
-    request_ids: list[str]
-    num_new_tokens: list[int]
-    num_sampled: int
-    num_running: int
-    num_waiting: int
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
 
 
 class LLMEngine:
@@ -75,6 +59,8 @@ class LLMEngine:
         self._seed_counter = itertools.count()
         self.max_model_len = scheduler.max_model_len
         self.scheduler.stop_checker = self._stop_string_hit
+        k_cache = runner.kv_caches[0][0]  # [num_blocks, block_size, Hkv, D]
+        self.kv_bytes_per_token = runner.kv_cache_bytes // (k_cache.shape[0] * k_cache.shape[1])
 
     # -- requests -------------------------------------------------------------
     def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
@@ -120,6 +106,7 @@ class LLMEngine:
             raise ValueError(
                 f"prompt has {num_prompt_tokens} tokens but max_num_batched_tokens is {budget} and "
                 "chunked prefill is off: raise max_num_batched_tokens or enable_chunked_prefill=True")
+        self.scheduler.check_fits(num_prompt_tokens)  # e.g. the paged cache holds the prompt
 
     def add_request(self, prompt, params: SamplingParams | None = None, arrival_time: float | None = None,
                     request_id: str | None = None) -> Request:
@@ -150,10 +137,8 @@ class LLMEngine:
         finished = self.scheduler.update(out, sampled, now=end)
         for r in finished:
             self._finalize_text(r)
-        self.step_records.append(StepRecord(
-            len(self.step_records), start, end, [row.request.request_id for row in out.rows],
-            [row.num_new_tokens for row in out.rows], len(sampled), len(self.scheduler.running),
-            len(self.scheduler.waiting)))
+        self.step_records.append(record_step(len(self.step_records), start, end, out, len(sampled),
+                                             self.scheduler, self.runner.block_size, self.kv_bytes_per_token))
         return finished
 
     def _idle_wait(self) -> None:
@@ -219,7 +204,26 @@ def _continuous(cfg: EngineConfig, mcfg: ModelConfig, max_model_len: int, budget
     return sched, seqs, max_model_len  # KV: one block of max_model_len tokens per batch slot
 
 
-SCHEDULERS: dict[str, SchedulerFactory] = {"simple": _continuous, "continuous": _continuous}
+def _static(cfg: EngineConfig, mcfg: ModelConfig, max_model_len: int, budget: int):
+    sched = StaticScheduler(cfg.max_num_seqs, budget, max_model_len, mcfg.eos_token_id)
+    return sched, cfg.max_num_seqs, max_model_len  # the same contiguous slots as continuous
+
+
+def _paged(cfg: EngineConfig, mcfg: ModelConfig, max_model_len: int, budget: int):
+    # Size the cache in blocks from whichever budget was given (default: the bytes the
+    # contiguous engine reserves). One block of one token costs K and V in every layer.
+    dtype = device_rules.resolve(cfg.device, cfg.dtype, cfg.attention_backend).dtype
+    num_blocks = num_blocks_from_budget(
+        block_size=cfg.block_size, max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs,
+        kv_bytes_per_token=mcfg.kv_bytes_per_token(dtype.itemsize),
+        num_blocks=cfg.num_blocks, kv_cache_bytes=cfg.kv_cache_bytes)
+    sched = PagedScheduler(cfg.max_num_seqs, budget, max_model_len, mcfg.eos_token_id, num_blocks,
+                           cfg.block_size, enable_chunked_prefill=cfg.enable_chunked_prefill)
+    return sched, num_blocks, cfg.block_size
+
+
+SCHEDULERS: dict[str, SchedulerFactory] = {"simple": _continuous, "static": _static, "continuous": _continuous,
+                                           "paged": _paged}
 
 
 def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: Any = "auto") -> LLMEngine:

@@ -12,6 +12,8 @@ them silently: asking for the real model without the file is an error.
 """
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import importlib.util
 import os
@@ -57,9 +59,17 @@ def _field(reader, key: str):
 
 def read_config(path: str | os.PathLike | None = None) -> ModelConfig:
     """ModelConfig from the GGUF metadata (no tensor is read)."""
+    p = find_gguf(path)
+    st = p.stat()
+    return copy.copy(_read_config(str(p.resolve()), st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_config(path: str, size: int, mtime_ns: int) -> ModelConfig:
+    # Parsing the GGUF header walks every tensor entry: cache it per file version.
     from gguf import GGUFReader
 
-    reader = GGUFReader(str(find_gguf(path)))
+    reader = GGUFReader(path)
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"only Llama-architecture GGUF files are supported, this one is {arch!r}")
@@ -190,9 +200,17 @@ def dummy_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
 def load_tokenizer(path: str | os.PathLike | None = None):
     """The tokenizer and chat template stored in the GGUF, read offline."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    p = find_gguf(path)
+    st = p.stat()
+    return _load_tokenizer(str(p.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(path: str, size: int, mtime_ns: int):
+    # Building the tokenizer from the GGUF vocabulary takes seconds: once per file version.
     from transformers import AutoTokenizer
 
-    p = find_gguf(path)
+    p = Path(path)
     return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
 
 

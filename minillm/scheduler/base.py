@@ -38,6 +38,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.clock: Callable[[], float] = time.perf_counter
+        self.num_preemptions = 0  # requests sent back to waiting to free KV space
 
     # -- queue ------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -49,6 +50,10 @@ class Scheduler:
 
     def arrived(self, request: Request, now: float) -> bool:
         return request.arrival_time <= now
+
+    def check_fits(self, num_prompt_tokens: int) -> None:
+        """Raise ValueError if a prompt this long could never be scheduled (it would stall
+        the queue). The engine checks the token budget; a scheduler adds its KV limits."""
 
     # -- KV space: subclasses decide ------------------------------------------
     def can_admit(self, request: Request) -> bool:

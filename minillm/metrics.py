@@ -1,0 +1,267 @@
+"""Serving metrics: what each request saw, what each step did, and the summary numbers.
+
+Per request (``RequestMetrics`` in request.py holds the timestamps):
+
+    arrival ---- first token ---- token ---- token ... ---- last token = finish
+    TTFT  = first token - arrival               (queueing + prefill)
+    ITL   = each gap between consecutive tokens  (one per decode step the request lived through)
+    TPOT  = (last token - first token) / (n - 1) (one request's mean ITL)
+    E2E   = finish - arrival
+
+Per step (``StepRecord``): which requests ran and how many tokens each fed, how many
+batch slots sat idle or padded, how much KV memory was reserved and how much of it held
+real tokens, and the step's wall time.
+
+Slot utilization, the one definition every engine in this project is measured with:
+a step has B batch slots (``max_num_seqs``).
+
+* A *varlen* step (minillm's forward, transformers' continuous batching) gives each
+  slot exactly the tokens it feeds: a slot feeding n tokens occupies n token-slots, an
+  empty slot occupies 1 (it could have decoded a token). Total = sum(n) + (B - rows).
+* A *padded* step (static batching, transformers ``generate``) is a [B, W] rectangle,
+  W = the longest row: every slot occupies W token-slots, Total = B * W.
+
+Useful token-slots are the tokens a request actually needs: prompt tokens being
+prefilled, and one token per request that is still generating. Rows of a static batch
+whose request already finished are idle, not useful.
+
+    slot_utilization = sum of useful token-slots / sum of total token-slots   (over all steps)
+
+So 1.0 means every slot did needed work in every step; a batch of 8 waiting for one
+long request while 7 slots idle runs at 1/8.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from .request import RequestMetrics
+
+PERCENTILES = (50, 95, 99)
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """What one engine step did: the raw material of every chart."""
+
+    step: int
+    start: float
+    end: float
+    request_ids: list[str]
+    num_new_tokens: list[int]
+    num_sampled: int
+    num_running: int
+    num_waiting: int
+    num_slots: int = 0  # B, the batch slots of the engine
+    token_slots: int = 0  # total token-slots of the step (see the module docstring)
+    padded_tokens: int = 0  # positions of a padded rectangle that carry no token
+    idle_slots: int = 0  # batch slots that did no useful work this step
+    context_tokens: int = 0  # sum of the rows' context lengths: the K/V attention reads
+    max_context: int = 0  # the longest row's context length
+    kv_reserved_bytes: int = 0  # KV memory held by requests after the step
+    kv_used_bytes: int = 0  # ... of which holds real tokens
+    held_ids: list[str] = field(default_factory=list)  # hold a slot without running (static)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.num_new_tokens)
+
+    @property
+    def utilization(self) -> float:
+        return self.num_tokens / self.token_slots if self.token_slots else 0.0
+
+
+def slot_accounting(num_new_tokens: Sequence[int], num_slots: int,
+                    padded_width: int | None = None) -> tuple[int, int, int]:
+    """(token_slots, padded_tokens, idle_slots) of one step.
+
+    ``num_new_tokens``: the useful tokens of each active row. ``padded_width`` is None
+    for a varlen step, else the width W of the padded [B, W] rectangle.
+    """
+    rows = len(num_new_tokens)
+    idle = max(num_slots - rows, 0)
+    if padded_width is None:
+        return sum(num_new_tokens) + idle, 0, idle
+    width = max([padded_width, *num_new_tokens])
+    padded = sum(width - n for n in num_new_tokens)
+    return max(num_slots, rows) * width, padded, idle
+
+
+def kv_usage(holders: Iterable[Any], block_size: int, bytes_per_token: int) -> tuple[int, int]:
+    """(reserved, used) KV bytes of the requests in ``holders``.
+
+    Reserved: every block a request holds, full or not. Used: the tokens whose K/V are
+    in the cache (``num_computed_tokens``).
+    """
+    reserved = used = 0
+    for r in holders:
+        reserved += len(r.block_ids) * block_size
+        used += r.num_computed_tokens
+    return reserved * bytes_per_token, used * bytes_per_token
+
+
+def record_step(step: int, start: float, end: float, out: Any, num_sampled: int, scheduler: Any,
+                block_size: int, kv_bytes_per_token: int) -> StepRecord:
+    """The StepRecord of a step whose ``scheduler.update`` has run.
+
+    ``out`` is the SchedulerOutput; a padded scheduler (static) gives it ``padded_width``.
+    A scheduler that keeps KV space for requests that stopped running (static batching
+    holds a finished request's slot until its whole group is done) lists them in
+    ``kv_holders``; otherwise the running requests are the holders.
+    """
+    rows = out.rows
+    new = [row.num_new_tokens for row in rows]
+    slots, padded, idle = slot_accounting(new, scheduler.max_num_seqs, getattr(out, "padded_width", None))
+    holders = list(getattr(scheduler, "kv_holders", scheduler.running))
+    reserved, used = kv_usage(holders, block_size, kv_bytes_per_token)
+    running_ids = {row.request.request_id for row in rows}
+    ctx = [row.request.num_computed_tokens for row in rows]  # after update: this step's tokens included
+    return StepRecord(
+        step, start, end, [row.request.request_id for row in rows], new, num_sampled,
+        len(scheduler.running), len(scheduler.waiting),
+        num_slots=scheduler.max_num_seqs, token_slots=slots, padded_tokens=padded, idle_slots=idle,
+        context_tokens=sum(ctx), max_context=max(ctx, default=0),
+        kv_reserved_bytes=reserved, kv_used_bytes=used,
+        held_ids=[r.request_id for r in holders if r.request_id not in running_ids and r.is_finished],
+    )
+
+
+# -- summary numbers ----------------------------------------------------------------
+
+def percentiles(values: Iterable[float], ps: Sequence[int] = PERCENTILES) -> dict[str, float | None]:
+    """{"p50": ..., "p95": ..., "p99": ...} with linear interpolation; None when empty."""
+    xs = sorted(v for v in values if v is not None)
+    out: dict[str, float | None] = {}
+    for p in ps:
+        if not xs:
+            out[f"p{p}"] = None
+            continue
+        k = (len(xs) - 1) * p / 100
+        lo, hi = math.floor(k), math.ceil(k)
+        out[f"p{p}"] = xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+    return out
+
+
+def slot_utilization(steps: Iterable[StepRecord]) -> float:
+    useful = total = 0
+    for s in steps:
+        useful += s.num_tokens
+        total += s.token_slots
+    return useful / total if total else 0.0
+
+
+@dataclass
+class RunResult:
+    """One engine run on one workload: everything the summary and the charts need."""
+
+    engine: str
+    metrics: list[RequestMetrics]  # per request, in workload order
+    output_token_ids: list[list[int]]
+    steps: list[StepRecord]
+    start: float  # when the first request could arrive (perf_counter)
+    end: float  # when the last request finished
+    num_slots: int
+    kv_cache_bytes: int  # KV memory the engine allocated
+    num_prompt_tokens: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def wall_s(self) -> float:
+        return self.end - self.start
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(t) for t in self.output_token_ids)
+
+    @property
+    def throughput(self) -> float:
+        """Output tokens per second of wall time."""
+        return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def ttfts(metrics: Iterable[RequestMetrics]) -> list[float]:
+    return [m.ttft for m in metrics if m.ttft is not None]
+
+
+def tpots(metrics: Iterable[RequestMetrics]) -> list[float]:
+    return [m.tpot for m in metrics if m.tpot is not None]
+
+
+def e2es(metrics: Iterable[RequestMetrics]) -> list[float]:
+    return [m.e2e for m in metrics if m.e2e is not None]
+
+
+def itls(metrics: Iterable[RequestMetrics]) -> list[float]:
+    return [x for m in metrics for x in m.itls]
+
+
+def summarize(result: RunResult, **context: Any) -> dict[str, Any]:
+    """The benchmark's JSON object for one run (``context``: workload name, seed, ...)."""
+    steps = result.steps
+    reserved_peak = max((s.kv_reserved_bytes for s in steps), default=0)
+    out: dict[str, Any] = {"engine": result.engine, **context}
+    out.update(
+        num_requests=len(result.metrics),
+        prompt_tokens=sum(result.num_prompt_tokens),
+        output_tokens=result.output_tokens,
+        wall_s=result.wall_s,
+        output_tokens_per_s=result.throughput,
+        forward_passes=len(steps),
+        slot_utilization=slot_utilization(steps) if steps else None,
+        mean_running=(sum(s.num_rows for s in steps) / len(steps)) if steps else None,
+        ttft_s=percentiles(ttfts(result.metrics)),
+        tpot_s=percentiles(tpots(result.metrics)),
+        itl_s=percentiles(itls(result.metrics)),
+        e2e_s=percentiles(e2es(result.metrics)),
+        kv_reserved_bytes=result.kv_cache_bytes,
+        kv_reserved_bytes_peak=reserved_peak,
+        kv_used_bytes_peak=max((s.kv_used_bytes for s in steps), default=0),
+    )
+    out.update(result.extra)
+    return out
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A plain-text table of summaries, one row per engine."""
+    cols = [
+        ("engine", "engine", "{}"),
+        ("tok/s", "output_tokens_per_s", "{:.1f}"),
+        ("wall s", "wall_s", "{:.1f}"),
+        ("out tok", "output_tokens", "{}"),
+        ("fwd", "forward_passes", "{}"),
+        ("slot util", "slot_utilization", "{:.3f}"),
+        ("TTFT p50", ("ttft_s", "p50"), "{:.2f}"),
+        ("TTFT p99", ("ttft_s", "p99"), "{:.2f}"),
+        ("TPOT p50", ("tpot_s", "p50"), "{:.3f}"),
+        ("TPOT p99", ("tpot_s", "p99"), "{:.3f}"),
+        ("KV res MB", "kv_reserved_bytes", "{:.0f}"),
+        ("KV used MB", "kv_used_bytes_peak", "{:.0f}"),
+    ]
+
+    def cell(row, key, fmt):
+        v = row.get(key[0], {}).get(key[1]) if isinstance(key, tuple) else row.get(key)
+        if v is None:
+            return "-"
+        if isinstance(key, str) and key.startswith("kv_"):
+            v = v / 2**20
+        return fmt.format(v)
+
+    table = [[c[0] for c in cols]] + [[cell(r, c[1], c[2]) for c in cols] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
+    lines = ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(line, widths)))
+             for line in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+__all__ = ["StepRecord", "RunResult", "slot_accounting", "kv_usage", "record_step", "percentiles",
+           "slot_utilization", "summarize", "format_table", "ttfts", "tpots", "e2es", "itls"]
