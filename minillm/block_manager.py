@@ -40,8 +40,7 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 def slots_for(block_ids: list[int], block_size: int, start: int, end: int) -> list[int]:
     """Cache slots of token positions ``start .. end-1`` of a request holding ``block_ids``.
 
-    The same rule as ``model_runner.slots_for`` (which builds the step's slot_mapping
-    tensor); repeated here so the block manager stays importable without torch.
+    The model runner builds each step's slot_mapping tensor with it.
     """
     return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)]
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention import AttentionMetadata
+from .block_manager import slots_for  # token position -> cache slot through a block table
 from .config import ModelConfig
 from .request import Request
 
@@ -41,11 +42,6 @@ def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, device
 
 def kv_cache_bytes(kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv_caches)
-
-
-def slots_for(block_ids: list[int], block_size: int, start: int, end: int) -> list[int]:
-    """Cache slots of token positions start..end-1 of a request holding ``block_ids``."""
-    return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)]
 
 
 def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.device):

@@ -19,7 +19,6 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from minillm.block_manager import (BlockAllocator, BlockManager, NoFreeBlocksError, blocks_needed,
                                    min_num_blocks, num_blocks_from_budget, slots_for)
-from minillm.model_runner import slots_for as runner_slots_for
 from minillm.request import FinishReason, Request, RequestStatus
 from minillm.sampling import SamplingParams
 from minillm.scheduler import PagedScheduler
@@ -98,7 +97,6 @@ def test_blocks_needed_and_slots():
     assert [blocks_needed(n, 4) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
     table = [7, 2, 5]
     assert slots_for(table, 4, 2, 10) == [30, 31, 8, 9, 10, 11, 20, 21]
-    assert slots_for(table, 4, 0, 12) == runner_slots_for(table, 4, 0, 12)
 
 
 def test_num_blocks_from_budget():
