@@ -56,84 +56,68 @@ def _gather_slots(block_table: torch.Tensor, positions: torch.Tensor, block_size
     return block_table.gather(-1, positions // block_size).long() * block_size + positions % block_size
 
 
-def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
-    # [..., L, Hkv, D] -> [..., L, Hkv*group, D]: each KV head serves `group` query heads (GQA)
-    return x if group == 1 else x.repeat_interleave(group, dim=-2)
+def _expand_kv(x: torch.Tensor, group: int, dim: int) -> torch.Tensor:
+    # Repeat each KV head `group` times along `dim`: every query head gets its KV head (GQA)
+    return x if group == 1 else x.repeat_interleave(group, dim=dim)
 
 
-def _decode_plan(meta: AttentionMetadata, device) -> dict:
-    """Gather indices for the decode rows, built once per step and shared by every layer."""
+def _row_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, b: int):
+    """K, V [Hkv, ctx, D] of sequence b: exactly its own context, nothing padded.
+
+    A view when the context sits in one block (always so for the contiguous engines);
+    otherwise a gather through the block table, whose indices are built once per step
+    and reused by every layer.
+    """
+    ctx = meta.context_lens_list[b]
     plan = meta.plan
-    if "decode" not in plan:
-        rows = [b for b, n in enumerate(meta.query_lens_list) if n == 1]
-        if not rows:
-            plan["decode"] = None
-            return plan
-        rows_t = torch.tensor(rows, device=device)
-        L = max(meta.context_lens_list[b] for b in rows)
-        pos = torch.arange(L, device=device)  # [L]
-        ctx = meta.context_lens[rows_t].long()  # [Bd]
-        # Past its own length a row re-reads its last key (then masks it out), so every
-        # gathered slot belongs to that row's blocks.
-        pos_b = torch.minimum(pos[None, :], ctx[:, None] - 1)  # [Bd, L]
-        plan["decode"] = dict(
-            rows=rows_t,
-            all_rows=len(rows) == meta.num_seqs,
-            slots=_gather_slots(meta.block_tables[rows_t], pos_b, meta.block_size),  # [Bd, L]
-            mask=(pos[None, :] < ctx[:, None])[:, None, None, :],  # [Bd, 1, 1, L]
-            tok=meta.query_start_loc[rows_t].long(),  # the single query token of each row
-        )
-    return plan
+    if "tables" not in plan:
+        plan["tables"] = meta.block_tables.tolist()
+    if ctx <= meta.block_size:
+        blk = plan["tables"][b][0]
+        return k_cache[blk, :ctx].transpose(0, 1), v_cache[blk, :ctx].transpose(0, 1)
+    key = ("slots", b)
+    if key not in plan:
+        pos = torch.arange(ctx, device=k_cache.device)
+        plan[key] = _gather_slots(meta.block_tables[b], pos, meta.block_size)  # [ctx]
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    slots = plan[key]
+    return k_cache.view(-1, Hkv, D)[slots].transpose(0, 1), v_cache.view(-1, Hkv, D)[slots].transpose(0, 1)
 
 
 def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Readable paged attention: gather K/V through the block table, then SDPA.
+    """Readable paged attention: each sequence attends to exactly its own cached keys.
 
-    q: [T, Hq, D] -> out [T, Hq, D]. Decode rows (one query each) are batched in a
-    single call with keys padded to the longest context; each multi-token row
-    (prefill, prefill chunk, speculative verification) runs on its own with a causal
-    mask shifted by its context offset.
+    q: [T, Hq, D] -> out [T, Hq, D]. One SDPA call per sequence: no padding to the
+    longest context, and a row computes the same thing whatever else is in the batch.
+    A decode row (one query) needs no mask; a multi-token row (prefill, a prefill
+    chunk, speculative verification) gets the causal mask shifted by its context offset.
     """
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
-    k_flat = k_cache.view(-1, Hkv, D)
-    v_flat = v_cache.view(-1, Hkv, D)
-
-    dec = _decode_plan(meta, q.device)["decode"]
-    if dec is not None:
-        k = k_flat[dec["slots"]].transpose(1, 2)  # [Bd, Hkv, L, D]
-        v = v_flat[dec["slots"]].transpose(1, 2)
-        # GQA without copying K/V: the `group` query heads of one KV head become
-        # `group` query rows against that head's keys.
-        qd = q[dec["tok"]].view(-1, Hkv, group, D)  # [Bd, Hkv, group, D]
-        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=dec["mask"], scale=scale)
-        o = o.reshape(-1, Hq, D)  # [Bd, Hq, D]
-        if dec["all_rows"]:  # a pure decode step: rows are the tokens, in order
-            return o
-        out = torch.empty_like(q)
-        out[dec["tok"]] = o
-    else:
-        out = torch.empty_like(q)
-
+    out = torch.empty_like(q)
     starts = meta.query_start_loc.tolist()
-    for b, n in enumerate(meta.query_lens_list):
-        if n <= 1:
+    for b, (n, ctx) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):
+        if n == 0:
             continue
-        ctx = meta.context_lens_list[b]
-        pos = torch.arange(ctx, device=q.device)
-        slots = _gather_slots(meta.block_tables[b], pos, meta.block_size)
-        k = _expand_kv(k_flat[slots], group).transpose(0, 1)  # [Hq, ctx, D]
-        v = _expand_kv(v_flat[slots], group).transpose(0, 1)
-        qs = q[starts[b]:starts[b] + n].transpose(0, 1)  # [Hq, n, D]
+        k, v = _row_kv(k_cache, v_cache, meta, b)  # [Hkv, ctx, D] each
+        s = starts[b]
+        if n == 1:
+            # GQA without copying K/V: the `group` query heads that share a KV head
+            # become `group` query rows against that head's keys.
+            qg = q[s].view(Hkv, group, D)  # [Hkv, group, D]
+            out[s] = F.scaled_dot_product_attention(qg, k, v, scale=scale).reshape(Hq, D)
+            continue
+        k, v = _expand_kv(k, group, dim=0), _expand_kv(v, group, dim=0)  # [Hq, ctx, D]
+        qs = q[s:s + n].transpose(0, 1)  # [Hq, n, D]
         if ctx == n:  # whole prompt at once: the plain causal mask
             o = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=scale)
         else:  # a chunk after cached context: query j sees keys <= ctx - n + j
+            pos = torch.arange(ctx, device=q.device)
             qpos = torch.arange(ctx - n, ctx, device=q.device)
-            mask = pos[None, :] <= qpos[:, None]  # [n, ctx]
-            o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale)
-        out[starts[b]:starts[b] + n] = o.transpose(0, 1)
+            o = F.scaled_dot_product_attention(qs, k, v, attn_mask=pos[None, :] <= qpos[:, None], scale=scale)
+        out[s:s + n] = o.transpose(0, 1)
     return out
 
 
