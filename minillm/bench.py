@@ -1,0 +1,245 @@
+"""``python -m minillm bench``: one workload through several engines, side by side.
+
+    python -m minillm bench --engine continuous,static --workload skewed --num-requests 32 --seed 0 \\
+        --max-num-seqs 8 --json /tmp/bench.json
+
+Every engine runs in this one process, on the same requests (the same prompt token
+ids, the same ``max_tokens`` with EOS ignored, greedy), so they do identical work; the
+weights are loaded once. Engines:
+
+    static         minillm, request-level batching (groups of B, padded, barrel effect)
+    continuous     minillm, iteration-level scheduling, contiguous KV region per slot
+    hf-generate    transformers ``generate`` on left-padded groups of B
+    hf-continuous  transformers' continuous batching (``generate_batch``'s engine)
+
+``--engine all`` runs all of them; a comma list runs those, in that order.
+
+``--json PATH`` writes, for ONE engine, that engine's result object; for SEVERAL, an
+object keyed by engine name whose values are those result objects. Each result object
+has at least: engine, workload, num_requests, output_tokens, wall_s,
+output_tokens_per_s, forward_passes, slot_utilization, ttft_s / tpot_s / itl_s / e2e_s
+({p50, p95, p99}), kv_reserved_bytes (KV memory the engine allocated),
+kv_used_bytes_peak; plus the settings it ran with and ``same_tokens_as``, the fraction
+of requests whose tokens equal those of the first engine listed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+from .metrics import RunResult, format_table, summarize
+from .workload import WORKLOADS, Workload, make_workload
+
+MINILLM_ENGINES = ("static", "continuous")
+HF_ENGINES = ("hf-generate", "hf-continuous")
+BENCH_ENGINES = MINILLM_ENGINES + HF_ENGINES
+
+
+def parse_engines(spec: str) -> list[str]:
+    """``'all'`` or a comma list -> engine names, validated."""
+    names = list(BENCH_ENGINES) if spec.strip() == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+    bad = [n for n in names if n not in BENCH_ENGINES]
+    if bad or not names:
+        raise ValueError(f"unknown engine {', '.join(bad) or repr(spec)}; valid engines: "
+                         f"{', '.join(BENCH_ENGINES)}, or 'all', or a comma list of them")
+    if len(set(names)) != len(names):
+        raise ValueError(f"engine listed twice in {spec!r}")
+    return names
+
+
+def _parse_value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def check_settings(max_num_seqs: int, max_num_batched_tokens: int | None, max_model_len: int | None,
+                   rate: float | None) -> None:
+    def positive(name, v):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+
+    positive("max_num_seqs", max_num_seqs)
+    if max_num_batched_tokens is not None:
+        positive("max_num_batched_tokens (the token budget: at least one token)", max_num_batched_tokens)
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is smaller than max_num_seqs="
+                             f"{max_num_seqs}: one step's decodes alone need {max_num_seqs} tokens")
+    if max_model_len is not None:
+        positive("max_model_len", max_model_len)
+    if rate is not None and (not math.isfinite(rate) or rate < 0):
+        raise ValueError(f"request rate must be >= 0 requests per second (0 = offline), got {rate!r}")
+
+
+def run_minillm(engine: str, workload: Workload, weights, tokenizer, *, max_num_seqs: int,
+                max_num_batched_tokens: int | None, max_model_len: int, dummy_weights: bool = False,
+                progress: bool = False, **engine_kwargs: Any) -> RunResult:
+    """One minillm engine on ``workload``; arrivals are replayed in real time."""
+    from .config import EngineConfig
+    from .engine import build_engine
+    from .sampling import SamplingParams
+
+    cfg = EngineConfig(engine=engine, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                       max_model_len=max_model_len, dummy_weights=dummy_weights, **engine_kwargs)
+    eng = build_engine(cfg, weights=weights, tokenizer=tokenizer)
+    # Warm up (first-call allocations), outside the measurement.
+    eng.run([eng.make_request([1, 2, 3, 4], SamplingParams(temperature=0.0, max_tokens=2), request_id="warmup")])
+    eng.step_records.clear()
+    start = time.perf_counter()
+    reqs = [eng.make_request(r.prompt_token_ids, r.sampling_params(), arrival_time=start + r.arrival_time,
+                             request_id=r.request_id) for r in workload]
+    outs = eng.run(reqs, use_tqdm=progress)
+    return RunResult(engine, [r.metrics for r in reqs], [o.token_ids for o in outs], list(eng.step_records), start,
+                     max(r.metrics.finish_time for r in reqs), max_num_seqs, eng.runner.kv_cache_bytes,
+                     [r.num_prompt_tokens for r in reqs])
+
+
+def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: int = 8,
+                  max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
+                  dummy_weights: bool = False, progress: bool = True,
+                  on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
+    """Run ``engines`` one after the other on ``workload`` in this process."""
+    from . import loader
+
+    check_settings(max_num_seqs, max_num_batched_tokens, max_model_len, None)
+    engines = parse_engines(",".join(engines))
+    L = max_model_len or workload.default_max_model_len()
+    budget = max_num_batched_tokens or max(L, max_num_seqs)
+    longest_prompt = max(len(r.prompt_token_ids) for r in workload)
+    if longest_prompt > budget or longest_prompt >= L:
+        raise ValueError(f"the workload's longest prompt has {longest_prompt} tokens: it needs "
+                         f"max_num_batched_tokens >= {longest_prompt} and max_model_len > {longest_prompt}")
+    weights = tokenizer = hf_model = None
+    results = []
+    for name in engines:
+        if name in MINILLM_ENGINES:
+            if weights is None:
+                from .config import ModelConfig
+                if dummy_weights:
+                    weights = loader.dummy_weights(ModelConfig())
+                else:
+                    weights, tokenizer = loader.load_weights(), loader.load_tokenizer()
+            res = run_minillm(name, workload, weights, tokenizer, max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max_num_batched_tokens, max_model_len=L,
+                              dummy_weights=dummy_weights, progress=progress)
+        else:
+            from . import hf_baselines
+            if hf_model is None:
+                if dummy_weights:
+                    from .config import ModelConfig
+                    cfg = ModelConfig()
+                    hf_model = loader.hf_model_from_weights(weights or loader.dummy_weights(cfg), cfg)
+                else:
+                    hf_model = loader.load_hf_model()
+            pad = hf_model.config.eos_token_id if hf_model.config.pad_token_id is None else hf_model.config.pad_token_id
+            pad = pad[0] if isinstance(pad, list) else pad
+            if name == "hf-generate":
+                res = hf_baselines.run_hf_generate(hf_model, workload, max_num_seqs, pad, progress=progress)
+            else:
+                res = hf_baselines.run_hf_continuous(hf_model, workload, max_num_seqs, budget, L, pad,
+                                                     progress=progress)
+        res.extra.update(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=L)
+        results.append(res)
+        if on_result:
+            on_result(res)
+    return results
+
+
+def same_tokens(results: Sequence[RunResult]) -> list[float]:
+    """For each run, the fraction of requests whose tokens equal the first run's."""
+    ref = results[0].output_token_ids
+    return [sum(a == b for a, b in zip(ref, r.output_token_ids)) / len(ref) for r in results]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m minillm bench",
+        description="Run one seeded workload through several engines side by side and compare "
+                    "throughput, latency, slot utilization and KV memory.")
+    p.add_argument("--engine", default="continuous",
+                   help=f"one of {', '.join(BENCH_ENGINES)}; 'all'; or a comma list (default: continuous)")
+    p.add_argument("--workload", default="skewed", choices=list(WORKLOADS), help="length mix (default: skewed)")
+    p.add_argument("--num-requests", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=8, help="B: batch slots (default 8)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget per step (default: max_model_len)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="KV region per slot (default: longest request rounded up to 256)")
+    p.add_argument("--request-rate", type=float, default=0.0,
+                   help="Poisson arrivals at this many requests/s; 0 = offline, all at t=0 (default)")
+    p.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="tune the length mix, e.g. long_tokens=400 (repeatable)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--dummy-weights", action="store_true", help="seeded random weights with the real config")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        engines = parse_engines(args.engine)
+        check_settings(args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len, args.request_rate)
+        params = {}
+        for kv in args.workload_param:
+            if "=" not in kv:
+                raise ValueError(f"--workload-param wants KEY=VALUE, got {kv!r}")
+            k, v = kv.split("=", 1)
+            params[k.strip()] = _parse_value(v.strip())
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ValueError(f"threads must be an integer >= 1, got {args.threads}")
+            import torch
+            torch.set_num_threads(args.threads)
+        tokenizer = None
+        if not args.dummy_weights:
+            from . import loader
+            tokenizer = loader.load_tokenizer()
+        workload = make_workload(args.workload, args.num_requests, args.seed, tokenizer,
+                                 arrival="poisson" if args.request_rate else "offline",
+                                 rate=args.request_rate or None, **params)
+    except ValueError as e:
+        parser.error(str(e))  # exits with status 2 and the usage line
+    print(workload.describe(), file=sys.stderr)
+    context = dict(workload=args.workload, seed=args.seed, arrival=workload.arrival, request_rate=workload.rate,
+                   workload_params=params)
+    summaries: list[dict[str, Any]] = []
+
+    def report(res: RunResult) -> None:
+        s = summarize(res, **context)
+        summaries.append(s)
+        print(f"{res.engine}: {s['output_tokens_per_s']:.1f} output tok/s, wall {s['wall_s']:.1f} s",
+              file=sys.stderr, flush=True)
+
+    try:
+        results = run_benchmark(engines, workload, max_num_seqs=args.max_num_seqs,
+                                max_num_batched_tokens=args.max_num_batched_tokens,
+                                max_model_len=args.max_model_len, dummy_weights=args.dummy_weights,
+                                progress=not args.no_progress, on_result=report)
+    except ValueError as e:
+        parser.error(str(e))
+    for s, frac in zip(summaries, same_tokens(results)):
+        s["same_tokens_as"] = {"engine": results[0].engine, "fraction": frac}
+    import torch
+    for s in summaries:
+        s["torch_threads"] = torch.get_num_threads()
+    print(format_table(summaries))
+    if args.json:
+        payload = summaries[0] if len(summaries) == 1 else {s["engine"]: s for s in summaries}
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+__all__ = ["main", "run_benchmark", "run_minillm", "parse_engines", "BENCH_ENGINES"]

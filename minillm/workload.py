@@ -1,0 +1,224 @@
+"""Seeded synthetic traffic: who asks for how much, and when.
+
+A workload is a list of requests, each a prompt (token ids), a fixed number of new
+tokens (``max_tokens`` with ``ignore_eos``: every engine does exactly the same work on
+it, whatever the model says) and an arrival time. Same name + same seed = same requests.
+
+Length mixes (``WORKLOADS``):
+
+    uniform   every request alike: ~32-token prompts, exactly ``output_len`` new tokens.
+              Nothing for continuous batching to win: all members of a batch end together.
+    skewed    the barrel effect: most requests want ~20 new tokens, one in every
+              ``long_every`` wants ~``long_tokens`` (800). In each consecutive group of 8
+              exactly one is long, at a seeded position.
+    chat      a realistic mix: log-normal prompt (median ~100) and output (median ~120)
+              lengths, clipped, the long tails of real chat traffic.
+
+Arrivals: ``offline`` (everything at t=0: a batch job) or ``poisson`` at ``rate``
+requests per second (exponential gaps: independent users).
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .sampling import SamplingParams
+
+ARRIVALS = ("offline", "poisson")
+
+# A small prompt set: instructions, and a passage used as context to lengthen prompts.
+PROMPTS = [
+    "Explain how a rainbow forms.",
+    "Write a short poem about the sea.",
+    "What are three tips for learning a new language?",
+    "Describe the water cycle to a ten-year-old.",
+    "Give me a recipe for a simple tomato soup.",
+    "Why is the sky blue during the day?",
+    "Summarize the plot of a detective story in a few sentences.",
+    "List some good habits for staying healthy.",
+    "How does a bicycle stay upright when it moves?",
+    "Tell me a story about a robot who learns to paint.",
+    "What is the difference between weather and climate?",
+    "Write a friendly email inviting a colleague to lunch.",
+    "How do plants turn sunlight into food?",
+    "Suggest a plan for a weekend trip to the mountains.",
+    "Explain what a computer program is.",
+    "Why do cats purr?",
+]
+
+PASSAGE = (
+    "The old lighthouse stood at the end of a narrow stone pier. For more than a hundred "
+    "years its keepers climbed the spiral stairs each evening to light the lamp, polish the "
+    "great glass lens and write the weather in a thick leather book. Ships passing the rocky "
+    "coast watched for its slow white flash, once every ten seconds, and knew where they were. "
+    "When the lamp was finally automated, the last keeper moved to the village, but he still "
+    "walked out along the pier every night to watch the beam sweep across the dark water. "
+    "Children from the school came to hear his stories about storms, shipwrecks and rescues, "
+    "about the winter the sea froze in the harbour, and about the seal that slept on the "
+    "steps every summer. "
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    arrival_time: float  # seconds after the start of the run
+
+    def sampling_params(self) -> SamplingParams:
+        """Greedy, exactly ``max_tokens`` new tokens: identical work in every engine."""
+        return SamplingParams(temperature=0.0, max_tokens=self.max_tokens, ignore_eos=True)
+
+    @property
+    def max_total_tokens(self) -> int:
+        return len(self.prompt_token_ids) + self.max_tokens
+
+
+@dataclass
+class Workload:
+    name: str
+    seed: int
+    arrival: str
+    rate: float | None
+    requests: list[WorkloadRequest]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self):
+        return iter(self.requests)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(r.prompt_token_ids) for r in self.requests)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.max_tokens for r in self.requests)
+
+    @property
+    def max_total_tokens(self) -> int:
+        """The longest request, prompt plus output: the smallest max_model_len that fits all."""
+        return max(r.max_total_tokens for r in self.requests)
+
+    def default_max_model_len(self, multiple: int = 256) -> int:
+        """The longest request rounded up to ``multiple``: the KV region each slot reserves."""
+        return multiple * math.ceil(self.max_total_tokens / multiple)
+
+    def describe(self) -> str:
+        outs = sorted(r.max_tokens for r in self.requests)
+        arrival = "offline" if self.arrival == "offline" else f"poisson {self.rate:g} req/s"
+        return (f"{self.name}: {len(self)} requests, {arrival}, prompt tokens {self.prompt_tokens}, "
+                f"output tokens {self.output_tokens} (min {outs[0]}, median {outs[len(outs) // 2]}, "
+                f"max {outs[-1]})")
+
+
+# -- lengths --------------------------------------------------------------------------
+
+def _uniform_lengths(rng: random.Random, n: int, prompt_len: int = 32, output_len: int = 64):
+    prompts = [rng.randint(max(4, prompt_len * 3 // 4), prompt_len * 5 // 4) for _ in range(n)]
+    return prompts, [output_len] * n
+
+
+def _skewed_lengths(rng: random.Random, n: int, short_tokens: int = 20, long_tokens: int = 800,
+                    long_every: int = 8, prompt_len: int = 32):
+    prompts = [rng.randint(max(4, prompt_len // 2), prompt_len * 3 // 2) for _ in range(n)]
+    jitter = lambda base, frac: max(1, base + rng.randint(-int(base * frac), int(base * frac)))  # noqa: E731
+    outs = [jitter(short_tokens, 0.2) for _ in range(n)]
+    for g in range(0, n, long_every):  # one long request in every group of ``long_every``
+        size = min(long_every, n - g)
+        if size == long_every or g == 0:
+            outs[g + rng.randrange(size)] = jitter(long_tokens, 0.05)
+    return prompts, outs
+
+
+def _lognormal(rng: random.Random, median: float, sigma: float, lo: int, hi: int) -> int:
+    return int(min(hi, max(lo, round(rng.lognormvariate(math.log(median), sigma)))))
+
+
+def _chat_lengths(rng: random.Random, n: int, prompt_median: int = 100, output_median: int = 120,
+                  max_prompt: int = 512, max_output: int = 512):
+    prompts = [_lognormal(rng, prompt_median, 0.8, 8, max_prompt) for _ in range(n)]
+    outs = [_lognormal(rng, output_median, 0.9, 4, max_output) for _ in range(n)]
+    return prompts, outs
+
+
+WORKLOADS = {"uniform": _uniform_lengths, "skewed": _skewed_lengths, "chat": _chat_lengths}
+
+
+# -- prompts --------------------------------------------------------------------------
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def _prompt_ids(tokenizer, rng: random.Random, length: int, vocab_size: int) -> list[int]:
+    """A prompt of exactly ``length`` tokens: passage context, then an instruction."""
+    if tokenizer is None:  # no tokenizer (dummy weights): seeded ids, avoiding the special ones
+        return [rng.randrange(16, vocab_size) for _ in range(length)]
+    question = _encode(tokenizer, "\n\nQuestion: " + rng.choice(PROMPTS) + "\nAnswer:")
+    if len(question) >= length:
+        return question[-length:]
+    passage = _encode(tokenizer, PASSAGE)
+    start = rng.randrange(len(passage))
+    need = length - len(question)
+    context = (passage[start:] + passage * (need // len(passage) + 1))[:need]
+    return context + question
+
+
+def make_workload(name: str, num_requests: int, seed: int = 0, tokenizer=None, *, arrival: str = "offline",
+                  rate: float | None = None, vocab_size: int = 49152, **params: Any) -> Workload:
+    """Build workload ``name`` (see ``WORKLOADS``) of ``num_requests`` requests.
+
+    ``params`` tune the length mix (e.g. ``long_tokens=400`` for ``skewed``,
+    ``output_len=32`` for ``uniform``). ``arrival='poisson'`` needs ``rate`` > 0 requests/s.
+    """
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; valid workloads: {', '.join(WORKLOADS)}")
+    if isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests < 1:
+        raise ValueError(f"num_requests must be an integer >= 1, got {num_requests!r}")
+    if arrival not in ARRIVALS:
+        raise ValueError(f"unknown arrival {arrival!r}; valid arrivals: {', '.join(ARRIVALS)}")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
+                             or not math.isfinite(rate) or rate < 0):
+        raise ValueError(f"rate must be a number >= 0 requests per second (0 or None = offline), got {rate!r}")
+    if arrival == "poisson" and not rate:
+        raise ValueError("arrival='poisson' needs rate > 0 (requests per second)")
+    if arrival == "offline" and rate:
+        arrival = "poisson"  # a rate given means the caller wants arrivals spread out
+    try:
+        prompt_lens, output_lens = WORKLOADS[name](random.Random(f"{name}:{seed}:lengths"), num_requests, **params)
+    except TypeError as e:
+        raise ValueError(f"bad parameter for workload {name!r}: {e}") from None
+    if min(prompt_lens) < 1 or min(output_lens) < 1:
+        raise ValueError(f"workload {name!r} with {params} produced an empty prompt or output")
+    rng = random.Random(f"{name}:{seed}:prompts")
+    prompts = [_prompt_ids(tokenizer, rng, p, vocab_size) for p in prompt_lens]
+    times = [0.0] * num_requests
+    if arrival == "poisson":
+        arng, t = random.Random(f"{name}:{seed}:arrivals"), 0.0
+        for i in range(num_requests):
+            times[i] = t
+            t += arng.expovariate(rate)
+    reqs = [WorkloadRequest(str(i), p, o, a) for i, (p, o, a) in enumerate(zip(prompts, output_lens, times))]
+    return Workload(name, seed, arrival, rate if arrival == "poisson" else None, reqs, dict(params))
+
+
+def workload_from_lengths(prompt_lens: Sequence[int], output_lens: Sequence[int], tokenizer=None, seed: int = 0,
+                          arrival_times: Sequence[float] | None = None, vocab_size: int = 49152) -> Workload:
+    """A hand-made workload: one request per (prompt length, output length) pair."""
+    if len(prompt_lens) != len(output_lens) or not prompt_lens:
+        raise ValueError("give one output length per prompt length, and at least one request")
+    rng = random.Random(f"custom:{seed}")
+    times = list(arrival_times) if arrival_times is not None else [0.0] * len(prompt_lens)
+    reqs = [WorkloadRequest(str(i), _prompt_ids(tokenizer, rng, p, vocab_size), o, a)
+            for i, (p, o, a) in enumerate(zip(prompt_lens, output_lens, times))]
+    return Workload("custom", seed, "offline" if not any(times) else "custom", None, reqs)
+
+
+__all__ = ["Workload", "WorkloadRequest", "WORKLOADS", "ARRIVALS", "PROMPTS", "make_workload",
+           "workload_from_lengths"]
