@@ -55,6 +55,82 @@ class ModelConfig:
 
 
 ENGINES = ("simple", "static", "continuous", "paged")
+SPEC_METHODS = ("ngram", "model")
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclass(slots=True)
+class SpeculativeConfig:
+    """Speculative decoding (paged engine only): who drafts, how many tokens, when.
+
+    ``LLM(engine="paged", speculative={"method": "ngram", "num_speculative_tokens": 4})``.
+
+    * ``method="ngram"``: prompt lookup, no model (``prompt_lookup_min/max``: the
+      suffix lengths it tries to match).
+    * ``method="model"``: a causal LM with the target's vocabulary drafts, with its own
+      KV cache: ``draft_layers`` (a list of the target's layer indices, e.g. the first
+      few, or every other one: a self-draft sharing the target's weights) or ``model``
+      (a GGUF path, or a ``minillm.model.Llama``).
+    * ``adaptive``: each request's k moves in [1, num_speculative_tokens], up when its
+      recent acceptance is above 0.8, down below 0.5.
+    * ``disable_by_batch_size``: speculate only while fewer requests than this are
+      running (None: always). A saturated device has no idle compute to verify with.
+    """
+
+    method: str
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 3
+    prompt_lookup_min: int = 2  # a single-token match drafts junk too often to pay for its verification
+    draft_layers: list[int] | None = None
+    model: Any = None
+    adaptive: bool = False
+    disable_by_batch_size: int | None = 4
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise ValueError(f"unknown speculative method {self.method!r}; valid methods: {', '.join(SPEC_METHODS)}")
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}] "
+                             f"(tokens drafted per step; each costs verification compute), got {k!r}")
+        _positive_int("prompt_lookup_min", self.prompt_lookup_min)
+        _positive_int("prompt_lookup_max", self.prompt_lookup_max)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
+                             f"({self.prompt_lookup_max})")
+        if self.method == "model":
+            if (self.draft_layers is None) == (self.model is None):
+                raise ValueError("speculative method 'model' needs exactly one of draft_layers (layers of the "
+                                 "target to draft with) or model (a GGUF path or a Llama)")
+            if self.draft_layers is not None:
+                layers = self.draft_layers
+                if (not isinstance(layers, (list, tuple)) or not layers
+                        or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers)
+                        or any(a >= b for a, b in zip(layers, layers[1:]))):
+                    raise ValueError(f"draft_layers must be a non-empty, increasing list of layer indices, "
+                                     f"got {layers!r}")
+                self.draft_layers = list(layers)
+        elif self.draft_layers is not None or self.model is not None:
+            raise ValueError("draft_layers and model are options of the 'model' method, not of 'ngram'")
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
+        if self.disable_by_batch_size is not None:
+            _positive_int("disable_by_batch_size", self.disable_by_batch_size)
+
+    @classmethod
+    def from_dict(cls, options: "dict | SpeculativeConfig") -> "SpeculativeConfig":
+        if isinstance(options, SpeculativeConfig):
+            return options
+        if not isinstance(options, dict):
+            raise ValueError(f"speculative must be a dict such as {{'method': 'ngram', "
+                             f"'num_speculative_tokens': 4}}, got {options!r}")
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown speculative option(s) {', '.join(unknown)}; valid options: {', '.join(valid)}")
+        if "method" not in options:
+            raise ValueError(f"speculative needs a method: one of {', '.join(SPEC_METHODS)}")
+        return cls(**options)
 ATTENTION_BACKENDS = ("torch", "triton")
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -76,7 +152,7 @@ class EngineConfig:
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None
     enable_chunked_prefill: bool = False
-    speculative: dict | None = None
+    speculative: dict | SpeculativeConfig | None = None  # validated into a SpeculativeConfig
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -95,10 +171,34 @@ class EngineConfig:
         _positive_int("block_size", self.block_size)
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two (8, 16, 32, ...), got {self.block_size}")
-        for name in ("max_model_len", "max_num_batched_tokens", "num_blocks", "kv_cache_bytes"):
+        for name in ("max_model_len", "num_blocks", "kv_cache_bytes"):
             value = getattr(self, name)
             if value is not None:
                 _positive_int(name, value)
+        self._check_budget()
+        if self.enable_chunked_prefill and self.engine != "paged":
+            raise ValueError(f"enable_chunked_prefill is a policy of the paged scheduler: pass engine='paged', "
+                             f"not {self.engine!r} (the continuous engine feeds whole prompts next to its decodes)")
+        if self.speculative is not None:
+            self.speculative = SpeculativeConfig.from_dict(self.speculative)
+            if self.engine != "paged":
+                raise ValueError(f"speculative decoding runs in the paged engine (its KV cache can roll back "
+                                 f"rejected tokens): pass engine='paged', not {self.engine!r}")
+
+    def _check_budget(self) -> None:
+        """The token budget must hold one step's decodes: one token per running request."""
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            return
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"max_num_batched_tokens must be an integer >= 1 (the tokens one step may feed; "
+                             f"every step feeds at least one), got {budget!r}")
+        seqs = 1 if self.engine == "simple" else self.max_num_seqs  # the simple engine runs one request
+        if budget < seqs:
+            raise ValueError(
+                f"max_num_batched_tokens={budget} is smaller than max_num_seqs={seqs}: a step gives each of up to "
+                f"{seqs} running requests one decode token, so the decodes alone would not fit the budget. "
+                f"Raise max_num_batched_tokens to at least {seqs} or lower max_num_seqs")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
@@ -116,4 +216,5 @@ def _positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
-__all__ = ["ModelConfig", "EngineConfig", "ENGINES", "ATTENTION_BACKENDS", "DTYPES"]
+__all__ = ["ModelConfig", "EngineConfig", "SpeculativeConfig", "ENGINES", "ATTENTION_BACKENDS", "DTYPES",
+           "SPEC_METHODS", "MAX_SPECULATIVE_TOKENS"]

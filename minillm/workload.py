@@ -13,6 +13,12 @@ Length mixes (``WORKLOADS``):
               exactly one is long, at a seeded position.
     chat      a realistic mix: log-normal prompt (median ~100) and output (median ~120)
               lengths, clipped, the long tails of real chat traffic.
+    long-prompt-arrival
+              requests already decoding when long prompts arrive (chapter 4): all but
+              ``num_long`` requests have short prompts and ~``short_output`` (96) new
+              tokens and arrive at t=0; then ``num_long`` (3) prompts of ~``long_prompt``
+              (1536) tokens arrive at ``first_arrival_s`` + k * ``arrival_gap_s``. Its
+              arrivals are part of the workload ("scripted"): no request rate.
 
 Arrivals: ``offline`` (everything at t=0: a batch job) or ``poisson`` at ``rate``
 requests per second (exponential gaps: independent users).
@@ -111,7 +117,7 @@ class Workload:
 
     def describe(self) -> str:
         outs = sorted(r.max_tokens for r in self.requests)
-        arrival = "offline" if self.arrival == "offline" else f"poisson {self.rate:g} req/s"
+        arrival = f"poisson {self.rate:g} req/s" if self.arrival == "poisson" else self.arrival
         return (f"{self.name}: {len(self)} requests, {arrival}, prompt tokens {self.prompt_tokens}, "
                 f"output tokens {self.output_tokens} (min {outs[0]}, median {outs[len(outs) // 2]}, "
                 f"max {outs[-1]})")
@@ -147,7 +153,26 @@ def _chat_lengths(rng: random.Random, n: int, prompt_median: int = 100, output_m
     return prompts, outs
 
 
-WORKLOADS = {"uniform": _uniform_lengths, "skewed": _skewed_lengths, "chat": _chat_lengths}
+def _long_prompt_arrival(rng: random.Random, n: int, short_prompt: int = 32, short_output: int = 96,
+                         num_long: int = 3, long_prompt: int = 1536, long_output: int = 16,
+                         first_arrival_s: float = 1.0, arrival_gap_s: float = 3.0):
+    # Sizes for a CPU (a 1.5k-token prefill takes seconds); on a GPU give thousands more.
+    if not 1 <= num_long < n:
+        raise ValueError(f"long-prompt-arrival needs 1 <= num_long < num_requests (someone must be decoding "
+                         f"when the long prompts arrive), got num_long={num_long} of {n} requests")
+    if first_arrival_s < 0 or arrival_gap_s < 0:
+        raise ValueError("first_arrival_s and arrival_gap_s must be >= 0 seconds")
+    jitter = lambda base, frac: max(1, base + rng.randint(-int(base * frac), int(base * frac)))  # noqa: E731
+    num_short = n - num_long
+    prompts = [jitter(short_prompt, 0.25) for _ in range(num_short)] + [jitter(long_prompt, 0.05)
+                                                                         for _ in range(num_long)]
+    outs = [jitter(short_output, 0.1) for _ in range(num_short)] + [long_output] * num_long
+    times = [0.0] * num_short + [first_arrival_s + k * arrival_gap_s for k in range(num_long)]
+    return prompts, outs, times
+
+
+WORKLOADS = {"uniform": _uniform_lengths, "skewed": _skewed_lengths, "chat": _chat_lengths,
+             "long-prompt-arrival": _long_prompt_arrival}
 
 
 # -- prompts --------------------------------------------------------------------------
@@ -191,9 +216,12 @@ def make_workload(name: str, num_requests: int, seed: int = 0, tokenizer=None, *
     if arrival == "offline" and rate:
         arrival = "poisson"  # a rate given means the caller wants arrivals spread out
     try:
-        prompt_lens, output_lens = WORKLOADS[name](random.Random(f"{name}:{seed}:lengths"), num_requests, **params)
+        prompt_lens, output_lens, *scripted = WORKLOADS[name](random.Random(f"{name}:{seed}:lengths"),
+                                                              num_requests, **params)
     except TypeError as e:
         raise ValueError(f"bad parameter for workload {name!r}: {e}") from None
+    if scripted and arrival == "poisson":
+        raise ValueError(f"workload {name!r} brings its own arrival times: give no request rate")
     if min(prompt_lens) < 1 or min(output_lens) < 1:
         raise ValueError(f"workload {name!r} with {params} produced an empty prompt or output")
     rng = random.Random(f"{name}:{seed}:prompts")
@@ -204,6 +232,8 @@ def make_workload(name: str, num_requests: int, seed: int = 0, tokenizer=None, *
         for i in range(num_requests):
             times[i] = t
             t += arng.expovariate(rate)
+    if scripted:
+        times, arrival = list(scripted[0]), "scripted"
     reqs = [WorkloadRequest(str(i), p, o, a) for i, (p, o, a) in enumerate(zip(prompts, output_lens, times))]
     return Workload(name, seed, arrival, rate if arrival == "poisson" else None, reqs, dict(params))
 

@@ -1,7 +1,7 @@
 """Continuous batching over a paged KV cache, with preemption by recompute.
 
-The step is the continuous scheduler's (FCFS, running requests first, then admitted
-prefills within the token budget, all in one forward); what changes is KV space:
+The queues are the continuous scheduler's (first come, first served, every step one
+forward); what changes is KV space, and how a step spends its token budget (below):
 
 * a request is admitted when there are free blocks for the tokens it is about to
   feed, not for ``max_model_len`` tokens it may never reach;
@@ -20,9 +20,28 @@ never deadlocks: at worst requests run one at a time.
 
 Rows are planned in tokens, not whole prompts: each row feeds
 ``num_computed_tokens .. num_computed_tokens + n`` and blocks are grown for exactly
-that, so a prefill may be split in chunks. Chunks are used for every prefill when
-``enable_chunked_prefill`` is on, and always for a recompute longer than the budget
-(its prompt fit the budget, prompt + outputs may not).
+that, so a prefill may be split in chunks that end anywhere, mid-block included.
+
+How a step spends its token budget (``max_num_batched_tokens``) is the switch
+``enable_chunked_prefill``:
+
+* on (chunked prefill, chapter 4): decodes first, every running request whose prompt
+  is done feeds its one token; then prefill work fills what is left of the budget in
+  arrival order: first the running requests part-way through a prompt, then waiting
+  requests. A prompt that fits what is left goes in whole; a longer one takes what is
+  left and continues next step. Decodes and chunks share ONE forward, so a long prompt
+  never stalls a running request: the budget caps every step's time.
+* off (the early design, vLLM before chunked prefill): a step is all-prefill or
+  all-decode. If a waiting request can be admitted (a batch slot, blocks, its whole
+  prompt within the budget), the step runs prefills only, as many as fit; otherwise it
+  runs the decodes. Every arriving prompt stalls every running request for one step as
+  long as that prompt's prefill.
+
+A recompute longer than the whole budget (its prompt fit the budget, prompt + outputs
+may not) is fed in chunks in both modes, or it could never run again.
+
+The continuous scheduler (chapter 2) has a third policy: decodes plus whole admitted
+prompts in one forward, never chunked. Only this scheduler has the on/off switch.
 """
 from __future__ import annotations
 
@@ -86,33 +105,91 @@ class PagedScheduler(Scheduler):
             return n
         return budget if may_chunk else 0
 
+    @staticmethod
+    def is_decode(request: Request) -> bool:
+        """One token left to feed: the token it sampled last (or a prompt's last token)."""
+        return request.num_tokens - request.num_computed_tokens == 1
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        bm = self.block_manager
+        if self.enable_chunked_prefill:  # decodes first, prefill chunks in what is left
+            budget = self._schedule_decodes(out, budget)
+            self._schedule_prefills(out, budget)
+        else:  # all-prefill or all-decode: prefills win whenever one can run
+            self._schedule_prefills(out, budget)
+            if not out.rows:
+                self._schedule_decodes(out, budget)
+        return out
 
-        # 1. Running requests, oldest first: a decode token each (or the next chunk of
-        #    an unfinished prefill). Victims come off the END of `running`, i.e. from
-        #    the requests not yet scheduled this step, so no row is ever revoked.
+    def _make_room(self, r: Request, num_tokens: int, out: SchedulerOutput, scheduled: set) -> bool:
+        """Preempt from the END of ``running`` until ``r``'s table can cover ``num_tokens``.
+
+        Victims are the newest requests without a row this step, so no row is ever
+        revoked. False when ``r`` cannot grow: the next victim already has a row, or
+        ``r`` was the newest and has just preempted itself.
+        """
+        while not self.block_manager.can_grow(r, num_tokens):
+            victim = self.running[-1]
+            if victim in scheduled:
+                return False
+            self.preempt(victim)
+            out.preempted.append(victim)
+            if victim is r:
+                return False
+        return True
+
+    def _add_row(self, out: SchedulerOutput, scheduled: set, r: Request, n: int) -> None:
+        self.allocate(r, r.num_computed_tokens + n)
+        out.rows.append(ScheduledRequest(r, n))
+        scheduled.add(r)
+
+    def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
+        """One token for every running request that is decoding, oldest first. Returns the budget left."""
+        scheduled = {row.request for row in out.rows}
         i = 0
         while i < len(self.running) and budget > 0:
             r = self.running[i]
-            n = self._new_tokens(r, budget, may_chunk=True)  # already running: never starve it
-            while not bm.can_grow(r, r.num_computed_tokens + n):
-                victim = self.running[-1]
-                self.preempt(victim)
-                out.preempted.append(victim)
-                if victim is r:
+            if r not in scheduled and self.is_decode(r):
+                if not self._make_room(r, r.num_computed_tokens + 1, out, scheduled):
+                    if r.status is not RequestStatus.RUNNING:
+                        break  # r preempted itself: every request after it is already gone
+                    i += 1
+                    continue
+                self._add_row(out, scheduled, r, 1)
+                budget -= 1
+            i += 1
+        return budget
+
+    def _schedule_prefills(self, out: SchedulerOutput, budget: int) -> int:
+        """Prefill work in arrival order within ``budget``. Returns the budget left.
+
+        First the running requests part-way through a prompt (or a recompute): their
+        next chunk. Then waiting requests are admitted, whole or (chunked prefill, or a
+        recompute longer than the budget) in a chunk.
+        """
+        scheduled = {row.request for row in out.rows}
+        i = 0
+        while i < len(self.running) and budget > 0:
+            r = self.running[i]
+            if r in scheduled or self.is_decode(r):
+                i += 1
+                continue
+            n = min(r.num_tokens - r.num_computed_tokens, budget)  # already running: always a chunk
+            if not self._make_room(r, r.num_computed_tokens + n, out, scheduled):
+                if r.status is not RequestStatus.RUNNING:
                     break
-            if r.status is not RequestStatus.RUNNING:
-                break  # r preempted itself: every request after it is already gone
-            self.allocate(r, r.num_computed_tokens + n)
-            out.rows.append(ScheduledRequest(r, n))
-            budget -= n
+                # The requests after it all have rows: a shorter chunk in the blocks left, or none.
+                room = (len(r.block_ids) + self.block_manager.num_free_blocks) * self.block_size
+                n = max(min(n, room - r.num_computed_tokens), 0)
+            if n:
+                self._add_row(out, scheduled, r, n)
+                budget -= n
             i += 1
 
-        # 2. Admit waiting requests in arrival order. Not in a step that had to preempt:
-        #    memory is short, and a preempted request would just be swapped for another.
+        # Admit waiting requests in arrival order. Not in a step that had to preempt:
+        # memory is short, and a preempted request would just be swapped for another.
+        bm = self.block_manager
         now = self.clock()
         while (not out.preempted and budget > 0 and self.waiting and self.can_admit(self.waiting[0])
                and self.arrived(self.waiting[0], now)):
@@ -127,11 +204,10 @@ class PagedScheduler(Scheduler):
             if not bm.can_grow(r, r.num_computed_tokens + n, admit=True):
                 break
             self.waiting.popleft()
-            self.allocate(r, r.num_computed_tokens + n)
             r.status = RequestStatus.RUNNING
             if r.metrics.first_scheduled_time is None:
                 r.metrics.first_scheduled_time = now
             self.running.append(r)
-            out.rows.append(ScheduledRequest(r, n))
+            self._add_row(out, scheduled, r, n)
             budget -= n
-        return out
+        return budget
