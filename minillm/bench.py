@@ -9,6 +9,8 @@ weights are loaded once. Engines:
 
     static         minillm, request-level batching (groups of B, padded, barrel effect)
     continuous     minillm, iteration-level scheduling, contiguous KV region per slot
+    paged          minillm, continuous batching over a paged KV cache (blocks of
+                   ``--block-size`` tokens, preemption by recompute when they run out)
     hf-generate    transformers ``generate`` on left-padded groups of B
     hf-continuous  transformers' continuous batching (``generate_batch``'s engine)
 
@@ -21,6 +23,38 @@ output_tokens_per_s, forward_passes, slot_utilization, ttft_s / tpot_s / itl_s /
 ({p50, p95, p99}), kv_reserved_bytes (KV memory the engine allocated),
 kv_used_bytes_peak; plus the settings it ran with and ``same_tokens_as``, the fraction
 of requests whose tokens equal those of the first engine listed.
+
+KV memory (definitions in metrics.py), in every minillm result: kv_waste_fraction
+(reserved-but-unused share of the KV the running requests hold, time-averaged),
+max_concurrency (the most requests running at once), preemptions, attention_backend.
+The paged engine's KV cache is ``--num-blocks`` blocks of ``--block-size`` tokens; by
+default the bytes the contiguous engine reserves, ``max_num_seqs x max_model_len``
+tokens, so the engines compare at equal memory; its result adds block_size, num_blocks.
+For more requests in the same bytes, give the paged engine more slots and the block
+count of the contiguous engine's bytes: for 32 chat requests (max_model_len 768) at
+``--max-num-seqs 8``, 8 x 768 / 16 = 384 blocks:
+
+    python -m minillm bench --engine paged --workload chat --max-num-seqs 32 --num-blocks 384
+
+Chunked prefill (paged engine only): ``--enable-chunked-prefill`` gives every running
+decode its token first, then fills what is left of ``--max-num-batched-tokens`` with
+prompt chunks; without it a step is all-prefill or all-decode. Every result reports
+itl_s.max, max_step_tokens and decode_stall_steps (steps in which a running, decoding
+request produced no token). On ``long-prompt-arrival`` (requests decoding when long
+prompts arrive), compare
+
+    python -m minillm bench --engine paged --workload long-prompt-arrival --num-requests 8
+    python -m minillm bench --engine paged --workload long-prompt-arrival --num-requests 8 \\
+        --enable-chunked-prefill --max-num-batched-tokens 256
+
+Speculative decoding (paged engine only, chapter 5): ``--speculative ngram`` (prompt
+lookup) or ``--speculative model`` (a self-draft of ``--draft-layers``), k =
+``--num-speculative-tokens``; the result adds acceptance_rate, mean_accepted_tokens,
+tokens_per_target_forward, target_forwards, draft_forwards. Run the same command without
+``--speculative`` for the baseline, on ``grounded`` (answers that copy the prompt) or ``open``:
+
+    python -m minillm bench --engine paged --workload grounded --num-requests 9 --max-num-seqs 1 \\
+        --speculative ngram --num-speculative-tokens 4
 """
 from __future__ import annotations
 
@@ -34,7 +68,7 @@ from typing import Any, Callable, Sequence
 from .metrics import RunResult, format_table, summarize
 from .workload import WORKLOADS, Workload, make_workload
 
-MINILLM_ENGINES = ("static", "continuous")
+MINILLM_ENGINES = ("static", "continuous", "paged")
 HF_ENGINES = ("hf-generate", "hf-continuous")
 BENCH_ENGINES = MINILLM_ENGINES + HF_ENGINES
 
@@ -92,28 +126,110 @@ def run_minillm(engine: str, workload: Workload, weights, tokenizer, *, max_num_
     # Warm up (first-call allocations), outside the measurement.
     eng.run([eng.make_request([1, 2, 3, 4], SamplingParams(temperature=0.0, max_tokens=2), request_id="warmup")])
     eng.step_records.clear()
+    if eng.speculator is not None:
+        eng.speculator.reset_stats()
     start = time.perf_counter()
     reqs = [eng.make_request(r.prompt_token_ids, r.sampling_params(), arrival_time=start + r.arrival_time,
                              request_id=r.request_id) for r in workload]
     outs = eng.run(reqs, use_tqdm=progress)
-    return RunResult(engine, [r.metrics for r in reqs], [o.token_ids for o in outs], list(eng.step_records), start,
-                     max(r.metrics.finish_time for r in reqs), max_num_seqs, eng.runner.kv_cache_bytes,
-                     [r.num_prompt_tokens for r in reqs])
+    result = RunResult(engine, [r.metrics for r in reqs], [o.token_ids for o in outs], list(eng.step_records), start,
+                       max(r.metrics.finish_time for r in reqs), max_num_seqs, eng.runner.kv_cache_bytes,
+                       [r.num_prompt_tokens for r in reqs])
+    result.extra.update(kv_extra(eng))
+    if eng.spec_stats is not None:  # acceptance_rate, mean_accepted_tokens, tokens_per_target_forward, ...
+        result.extra.update(eng.spec_stats.as_dict())
+    return result
+
+
+# -- the paged KV cache's options ---------------------------------------------------------
+
+def check_paged_settings(block_size: int, num_blocks: int | None, attention_backend: str | None) -> None:
+    """Fail before any weight loads: a power-of-two block size, num_blocks >= 1, a known backend."""
+    from .config import ATTENTION_BACKENDS
+
+    if (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
+            or block_size & (block_size - 1)):
+        raise ValueError(f"block_size must be a power of two (8, 16, 32, ...), got {block_size!r}")
+    if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1):
+        raise ValueError(f"num_blocks must be an integer >= 1 (blocks of block_size tokens), got {num_blocks!r}")
+    if attention_backend is not None and attention_backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {attention_backend!r}")
+
+
+def paged_options(engine: str, block_size: int = 16, num_blocks: int | None = None,
+                  attention_backend: str | None = None) -> dict[str, Any]:
+    """EngineConfig options of a minillm engine: the attention backend for every engine, the
+    block size and count for the paged one (contiguous engines reserve max_model_len per slot)."""
+    opts: dict[str, Any] = {} if attention_backend is None else {"attention_backend": attention_backend}
+    if engine == "paged":
+        opts.update(block_size=block_size, num_blocks=num_blocks)
+    return opts
+
+
+def kv_extra(eng) -> dict[str, Any]:
+    """What a minillm run records about its KV cache: the attention backend; blocks if paged."""
+    from . import device as device_rules
+
+    cfg = eng.config
+    out: dict[str, Any] = {
+        "attention_backend": device_rules.resolve(cfg.device, cfg.dtype, cfg.attention_backend).attention_backend}
+    bm = getattr(eng.scheduler, "block_manager", None)
+    if bm is not None:
+        out.update(block_size=bm.block_size, num_blocks=bm.num_blocks)
+    return out
+
+
+def check_chunked_prefill(engines: Sequence[str], enable_chunked_prefill: bool) -> None:
+    if enable_chunked_prefill and any(name != "paged" for name in engines):
+        raise ValueError("--enable-chunked-prefill is a policy of the paged scheduler: run it with --engine paged "
+                         f"(got {', '.join(engines)})")
+
+
+def check_speculative(engines: Sequence[str], speculative: dict | None) -> None:
+    """Validate the speculative option before any weight loads (it applies to the paged engine)."""
+    if speculative is None:
+        return
+    from .config import SpeculativeConfig
+
+    SpeculativeConfig.from_dict(speculative)
+    if "paged" not in engines:
+        raise ValueError("--speculative runs in the paged engine: include paged in --engine "
+                         f"(got {', '.join(engines)})")
+
+
+def parse_layers(spec: str) -> list[int]:
+    """'0-7' or '0,2,4' or '0-11,18-29' -> layer indices."""
+    out: list[int] = []
+    try:
+        for part in spec.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+    except ValueError:
+        raise ValueError(f"--draft-layers wants indices and ranges like 0-7 or 0,2,4, got {spec!r}") from None
+    return out
 
 
 def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: int = 8,
                   max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
                   dummy_weights: bool = False, progress: bool = True,
-                  on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
-    """Run ``engines`` one after the other on ``workload`` in this process."""
+                  on_result: Callable[[RunResult], None] | None = None,
+                  block_size: int = 16, num_blocks: int | None = None,
+                  attention_backend: str | None = None, enable_chunked_prefill: bool = False,
+                  speculative: dict | None = None) -> list[RunResult]:
+    """Run ``engines`` one after the other on ``workload`` in this process.
+
+    ``speculative`` (the ``LLM(speculative=...)`` dict) applies to the paged engine."""
     from . import loader
 
     check_settings(max_num_seqs, max_num_batched_tokens, max_model_len, None)
+    check_paged_settings(block_size, num_blocks, attention_backend)
     engines = parse_engines(",".join(engines))
+    check_chunked_prefill(engines, enable_chunked_prefill)
+    check_speculative(engines, speculative)
     L = max_model_len or workload.default_max_model_len()
     budget = max_num_batched_tokens or max(L, max_num_seqs)
     longest_prompt = max(len(r.prompt_token_ids) for r in workload)
-    if longest_prompt > budget or longest_prompt >= L:
+    if (longest_prompt > budget and not enable_chunked_prefill) or longest_prompt >= L:
         raise ValueError(f"the workload's longest prompt has {longest_prompt} tokens: it needs "
                          f"max_num_batched_tokens >= {longest_prompt} and max_model_len > {longest_prompt}")
     weights = tokenizer = hf_model = None
@@ -128,7 +244,10 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                     weights, tokenizer = loader.load_weights(), loader.load_tokenizer()
             res = run_minillm(name, workload, weights, tokenizer, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=L,
-                              dummy_weights=dummy_weights, progress=progress)
+                              dummy_weights=dummy_weights, progress=progress,
+                              enable_chunked_prefill=enable_chunked_prefill,
+                              speculative=speculative if name == "paged" else None,
+                              **paged_options(name, block_size, num_blocks, attention_backend))
         else:
             from . import hf_baselines
             if hf_model is None:
@@ -145,7 +264,8 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
             else:
                 res = hf_baselines.run_hf_continuous(hf_model, workload, max_num_seqs, budget, L, pad,
                                                      progress=progress)
-        res.extra.update(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=L)
+        res.extra.update(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=L,
+                         enable_chunked_prefill=enable_chunked_prefill)
         results.append(res)
         if on_result:
             on_result(res)
@@ -171,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=8, help="B: batch slots (default 8)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="token budget per step (default: max_model_len)")
+    p.add_argument("--enable-chunked-prefill", action="store_true",
+                   help="paged engine: decodes first, then prompt chunks within the token budget "
+                        "(default: a step is all-prefill or all-decode)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="KV region per slot (default: longest request rounded up to 256)")
     p.add_argument("--request-rate", type=float, default=0.0,
@@ -181,6 +304,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dummy-weights", action="store_true", help="seeded random weights with the real config")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g = p.add_argument_group("paged KV cache")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block of the paged engine (default 16)")
+    g.add_argument("--num-blocks", type=int, default=None,
+                    help="KV blocks of the paged engine (default: the contiguous engine's bytes, "
+                         "max_num_seqs x max_model_len tokens)")
+    g.add_argument("--attention-backend", choices=["torch", "triton"], default=None,
+                    help="attention of the minillm engines (default: triton on CUDA, torch on the CPU)")
+    s = p.add_argument_group("speculative decoding (paged engine)")
+    s.add_argument("--speculative", choices=["ngram", "model"], default=None,
+                   help="drafter: prompt lookup, or a self-draft made of --draft-layers of the model")
+    s.add_argument("--num-speculative-tokens", type=int, default=4, help="k, tokens drafted per step (default 4)")
+    s.add_argument("--draft-layers", default="0-7", help="layers of the model drafter (default 0-7)")
+    s.add_argument("--spec-disable-by-batch-size", type=int, default=4,
+                   help="speculate only while fewer requests run (default 4; 0 = always)")
     return p
 
 
@@ -190,6 +327,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         engines = parse_engines(args.engine)
         check_settings(args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len, args.request_rate)
+        check_paged_settings(args.block_size, args.num_blocks, args.attention_backend)
+        check_chunked_prefill(engines, args.enable_chunked_prefill)
+        speculative = None
+        if args.speculative:
+            speculative = dict(method=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
+                               disable_by_batch_size=args.spec_disable_by_batch_size or None)
+            if args.speculative == "model":
+                speculative["draft_layers"] = parse_layers(args.draft_layers)
+        check_speculative(engines, speculative)
         params = {}
         for kv in args.workload_param:
             if "=" not in kv:
@@ -212,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))  # exits with status 2 and the usage line
     print(workload.describe(), file=sys.stderr)
     context = dict(workload=args.workload, seed=args.seed, arrival=workload.arrival, request_rate=workload.rate,
-                   workload_params=params)
+                   workload_params=params, speculative=speculative)
     summaries: list[dict[str, Any]] = []
 
     def report(res: RunResult) -> None:
@@ -225,7 +371,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = run_benchmark(engines, workload, max_num_seqs=args.max_num_seqs,
                                 max_num_batched_tokens=args.max_num_batched_tokens,
                                 max_model_len=args.max_model_len, dummy_weights=args.dummy_weights,
-                                progress=not args.no_progress, on_result=report)
+                                progress=not args.no_progress, on_result=report,
+                                block_size=args.block_size, num_blocks=args.num_blocks,
+                                attention_backend=args.attention_backend,
+                                enable_chunked_prefill=args.enable_chunked_prefill, speculative=speculative)
     except ValueError as e:
         parser.error(str(e))
     for s, frac in zip(summaries, same_tokens(results)):
@@ -242,4 +391,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["main", "run_benchmark", "run_minillm", "parse_engines", "BENCH_ENGINES"]
+__all__ = ["main", "run_benchmark", "run_minillm", "parse_engines", "BENCH_ENGINES", "check_paged_settings",
+           "paged_options"]

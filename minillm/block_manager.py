@@ -20,7 +20,8 @@ Two layers, both plain Python (no tensors):
   returns to the free list only when its last holder frees it.
 * ``BlockManager``: block tables of requests. It grows a table to cover the tokens a
   step is about to write, answers "is there room?" before the scheduler commits, and
-  frees a whole table when a request finishes, is aborted or is preempted.
+  frees a whole table when a request finishes, is aborted or is preempted (or only
+  its trailing blocks: ``shrink``, after speculative tokens were rejected).
 """
 from __future__ import annotations
 
@@ -240,6 +241,27 @@ class BlockManager:
         for b in reversed(table):
             self.allocator.free(b)
         table.clear()
+
+    def shrink(self, request: Any, num_tokens: int) -> list[int]:
+        """Free the trailing blocks of ``request`` beyond those that cover ``num_tokens`` tokens.
+
+        Speculative decoding grows a table for k drafted tokens, then keeps the K/V of
+        the accepted ones only: the blocks past them go back to the free list (last block
+        first, as in ``free``). The table stays registered, even if it becomes empty.
+        Returns the freed blocks.
+        """
+        table = self.tables.get(request)
+        if table is None:
+            raise ValueError(f"request {getattr(request, 'request_id', request)!r} holds no blocks "
+                             "of this manager")
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be an integer >= 0, got {num_tokens!r}")
+        keep = blocks_needed(num_tokens, self.block_size)
+        freed = table[keep:]
+        del table[keep:]  # in place: request.block_ids is the same list object
+        for b in reversed(freed):
+            self.allocator.free(b)
+        return freed
 
     def holds(self, request: Any) -> bool:
         return request in self.tables

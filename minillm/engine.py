@@ -5,7 +5,9 @@
         engine.step()                         schedule -> one forward -> sample -> update
 
 ``LLM(engine=...)`` picks the scheduler; everything else (model, runner, sampler,
-metrics) is shared by all engines.
+metrics) is shared by all engines. ``LLM(engine="paged", speculative={...})`` adds a
+``Speculator`` (minillm/spec/verify.py): each step drafts tokens, verifies them in the
+same one forward and may emit several tokens per request.
 """
 from __future__ import annotations
 
@@ -46,13 +48,14 @@ class LLMEngine:
     """Owns the model, the KV cache, the scheduler; runs steps."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, model, tokenizer,
-                 scheduler: Scheduler, runner: ModelRunner):
+                 scheduler: Scheduler, runner: ModelRunner, speculator: Any = None):
         self.config = config
         self.model_config = model_config
         self.model = model
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.runner = runner
+        self.speculator = speculator  # minillm.spec.verify.Speculator, or None
         self.device = runner.device
         self.step_records: list[StepRecord] = []
         self._ids = itertools.count()
@@ -116,6 +119,8 @@ class LLMEngine:
 
     def abort(self, request: Request) -> None:
         self.scheduler.abort(request)
+        if self.speculator is not None:
+            self.speculator.forget(request)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -128,18 +133,31 @@ class LLMEngine:
         if not out.rows:  # nothing has arrived yet, or everything waits
             self._idle_wait()
             return []
-        logits, sample_rows = self.runner.execute(out.rows)
-        reqs = [out.rows[i].request for i in sample_rows]
-        tokens = sample(logits, [r.sampling_params for r in reqs], [r.generator for r in reqs])
-        device_rules.synchronize(self.device)
-        sampled = dict(zip(sample_rows, tokens.tolist()))
-        end = time.perf_counter()
-        finished = self.scheduler.update(out, sampled, now=end)
+        if self.speculator is not None:  # draft -> one verifying forward -> 1..k+1 tokens per row
+            emitted = self.speculator.step(out)
+            device_rules.synchronize(self.device)
+            end = time.perf_counter()
+            finished = self.speculator.update(out, emitted, now=end)
+            num_sampled = len(emitted)
+        else:
+            logits, sample_rows = self.runner.execute(out.rows)
+            reqs = [out.rows[i].request for i in sample_rows]
+            tokens = sample(logits, [r.sampling_params for r in reqs], [r.generator for r in reqs])
+            device_rules.synchronize(self.device)
+            sampled = dict(zip(sample_rows, tokens.tolist()))
+            end = time.perf_counter()
+            finished = self.scheduler.update(out, sampled, now=end)
+            num_sampled = len(sampled)
         for r in finished:
             self._finalize_text(r)
-        self.step_records.append(record_step(len(self.step_records), start, end, out, len(sampled),
+        self.step_records.append(record_step(len(self.step_records), start, end, out, num_sampled,
                                              self.scheduler, self.runner.block_size, self.kv_bytes_per_token))
         return finished
+
+    @property
+    def spec_stats(self):
+        """Speculation counters (``minillm.spec.verify.SpecStats``), or None without speculation."""
+        return None if self.speculator is None else self.speculator.stats
 
     def _idle_wait(self) -> None:
         waiting = self.scheduler.waiting
@@ -226,13 +244,19 @@ SCHEDULERS: dict[str, SchedulerFactory] = {"simple": _continuous, "static": _sta
                                            "paged": _paged}
 
 
-def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: Any = "auto") -> LLMEngine:
+def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: Any = "auto",
+                 model_config: ModelConfig | None = None) -> LLMEngine:
+    """An engine for ``config``. ``model_config`` (with ``weights``, else seeded dummy ones)
+    builds another Llama than the GGUF's, e.g. a tiny one for fast tests."""
     from . import loader
 
     if config.engine not in SCHEDULERS:
         raise ValueError(f"engine {config.engine!r} is not available; valid engines: {', '.join(SCHEDULERS)}")
     place = device_rules.resolve(config.device, config.dtype, config.attention_backend)
-    if config.dummy_weights:
+    if model_config is not None:
+        mcfg = model_config
+        weights = loader.dummy_weights(mcfg, config.seed) if weights is None else weights
+    elif config.dummy_weights:
         mcfg = loader.read_config(config.model) if _gguf_present(config.model) else ModelConfig()
         weights = loader.dummy_weights(mcfg, config.seed) if weights is None else weights
     else:
@@ -248,7 +272,14 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
     sched, num_blocks, block_size = SCHEDULERS[config.engine](config, mcfg, max_model_len, budget)
     model = build_model(mcfg, weights, place.device, place.dtype, place.attention_backend)
     runner = ModelRunner(model, mcfg, num_blocks, block_size, place.device, place.dtype)
-    return LLMEngine(config, mcfg, model, tokenizer, sched, runner)
+    speculator = None
+    if config.speculative is not None:
+        from .spec.drafters import build_drafter
+        from .spec.verify import Speculator
+
+        drafter = build_drafter(config.speculative, model, num_blocks, block_size, place.device, place.dtype)
+        speculator = Speculator(config.speculative, drafter, runner, sched)
+    return LLMEngine(config, mcfg, model, tokenizer, sched, runner, speculator)
 
 
 def _gguf_present(path) -> bool:

@@ -8,10 +8,14 @@ tokens of all rows end to end and builds the flat tensors of design.md §2:
 
 then runs the model once and computes logits only where a row samples (its last new
 token reaches the end of what the request knows).
+
+A row may also carry *drafted* tokens (speculative decoding, ``minillm/spec/``): they
+are fed after the known ones, and the row gets logits at its last known token and at
+every draft, the k + 1 distributions that verify k drafts in this one forward.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,12 +28,23 @@ from .request import Request
 @dataclass(slots=True)
 class ScheduledRequest:
     request: Request
-    num_new_tokens: int  # tokens fed this step, starting at request.num_computed_tokens
+    num_new_tokens: int  # tokens fed this step, starting at request.num_computed_tokens (drafts included)
+    spec_token_ids: list[int] = field(default_factory=list)  # drafted tokens, fed after the known ones
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens fed from ``request.all_token_ids`` (the rest are drafts)."""
+        return self.num_new_tokens - len(self.spec_token_ids)
 
     @property
     def samples(self) -> bool:
         r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+        return r.num_computed_tokens + self.num_known_tokens == r.num_tokens
+
+    @property
+    def num_logits(self) -> int:
+        """Logits rows this row gets: 1 + its drafts if it samples, else 0."""
+        return 1 + len(self.spec_token_ids) if self.samples else 0
 
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device,
@@ -45,19 +60,24 @@ def kv_cache_bytes(kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
 
 
 def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.device):
-    """Flat step inputs for ``rows``: (input_ids, positions, AttentionMetadata, sample_rows)."""
+    """Flat step inputs for ``rows``: (input_ids, positions, meta, sample_rows, logits_index).
+
+    ``logits_index`` [S] holds the index in [T] of every token whose logits are needed:
+    the last token of each sampling row, or its last 1 + len(spec_token_ids) tokens.
+    """
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
     qstart = [0]
     ctx: list[int] = []
     qlens: list[int] = []
-    last_token_index: list[int] = []  # index in [T] of each sampling row's last token
+    logits_index: list[int] = []  # indices in [T] of the tokens that need logits
     sample_rows: list[int] = []
     for i, row in enumerate(rows):
         r, n = row.request, row.num_new_tokens
         start, end = r.num_computed_tokens, r.num_computed_tokens + n
-        ids.extend(r.all_token_ids[start:end])
+        ids.extend(r.all_token_ids[start:start + row.num_known_tokens])
+        ids.extend(row.spec_token_ids)
         pos.extend(range(start, end))
         slots.extend(slots_for(r.block_ids, block_size, start, end))
         qstart.append(qstart[-1] + n)
@@ -65,7 +85,7 @@ def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.dev
         qlens.append(n)
         if row.samples:
             sample_rows.append(i)
-            last_token_index.append(qstart[-1] - 1)
+            logits_index.extend(range(qstart[-1] - row.num_logits, qstart[-1]))
     width = max((len(r.request.block_ids) for r in rows), default=1)
     tables = [r.request.block_ids + [0] * (width - len(r.request.block_ids)) for r in rows]
     as_t = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
@@ -78,7 +98,7 @@ def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.dev
         query_lens_list=qlens,
         context_lens_list=ctx,
     )
-    return as_t(ids, torch.long), as_t(pos, torch.long), meta, sample_rows, as_t(last_token_index, torch.long)
+    return as_t(ids, torch.long), as_t(pos, torch.long), meta, sample_rows, as_t(logits_index, torch.long)
 
 
 class ModelRunner:
@@ -98,10 +118,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, rows: list[ScheduledRequest]) -> tuple[torch.Tensor, list[int]]:
-        """One forward over ``rows`` -> (logits [S, V] float32, indices of the S sampling rows)."""
-        input_ids, positions, meta, sample_rows, last_idx = build_batch(rows, self.block_size, self.device)
+        """One forward over ``rows`` -> (logits [S, V] float32, indices of the sampling rows).
+
+        One logits row per sampling row, in row order; a row carrying drafts gets
+        ``1 + len(spec_token_ids)`` consecutive ones (``ScheduledRequest.num_logits``).
+        """
+        input_ids, positions, meta, sample_rows, logits_idx = build_batch(rows, self.block_size, self.device)
         hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
-        logits = self.model.compute_logits(hidden[last_idx])  # [S, V]
+        logits = self.model.compute_logits(hidden[logits_idx])  # [S, V]
         return logits, sample_rows
 
 

@@ -9,6 +9,7 @@ simulated runs (cost_model.py) look the same, so every chart works for all of th
     plot_kv_memory         KV bytes reserved vs holding real tokens, over time
     plot_latency_cdfs      TTFT / TPOT / E2E distributions of several runs
     plot_throughput_vs_batch  output tokens/s against max batch size
+    plot_block_tables      paged KV: each request's logical blocks -> physical blocks of the pool
     explorer               ipywidgets: engine, max batch, skew, arrival rate -> instant
                            redraw from the cost model; a button checks a point for real
 """
@@ -227,6 +228,73 @@ def plot_throughput_vs_batch(points: Mapping[str, Sequence[tuple[int, float]]], 
     return ax
 
 
+def plot_block_tables(tables: Mapping[str, Sequence[int]], num_blocks: int, block_size: int,
+                      num_tokens: Mapping[str, int] | None = None, ax=None, title: str | None = None,
+                      pool_columns: int | None = None, arrows: bool | None = None):
+    """Block tables drawn: each request's logical blocks (left) -> physical blocks of the pool (right).
+
+    ``tables``: request id -> its block table (``request.block_ids``). ``num_tokens``:
+    request id -> tokens it has in the cache; the last block of each request is then
+    filled in proportion (the rest of it is the request's only waste). The pool shows
+    every physical block, coloured by its holder (white: free). Arrows join each logical
+    block to its physical block (by default only while there are few enough to read).
+    """
+    import math
+
+    from matplotlib.patches import Rectangle
+
+    plt = _plt()
+    num_tokens = num_tokens or {}
+    ids = list(tables)
+    width = max((len(t) for t in tables.values()), default=1)
+    if pool_columns is None:  # a roughly square pool, at most 16 wide
+        pool_columns = min(16, max(4, math.ceil(math.sqrt(num_blocks))))
+    cols = max(1, min(pool_columns, num_blocks))
+    rows = -(-num_blocks // cols)
+    x0 = width + 2.5  # where the pool starts
+    if ax is None:
+        _, ax = plt.subplots(figsize=(min(14, 0.45 * (x0 + cols) + 1.5), 0.45 * max(len(ids), rows) + 1.4))
+    owner: dict[int, str] = {}  # physical block -> the request holding it
+    for i, rid in enumerate(ids):
+        color = request_color(rid)
+        table = list(tables[rid])
+        n = num_tokens.get(rid)
+        ax.text(-0.3, i, f"req {rid}", ha="right", va="center", fontsize="small")
+        for j, b in enumerate(table):
+            owner[b] = rid
+            fill = 1.0
+            if n is not None:
+                fill = min(max(n - j * block_size, 0), block_size) / block_size
+            ax.add_patch(Rectangle((j + 0.05, i - 0.4), 0.9, 0.8, facecolor="white", edgecolor=color, linewidth=1.2))
+            if fill:
+                ax.add_patch(Rectangle((j + 0.05, i - 0.4), 0.9 * fill, 0.8, facecolor=color, edgecolor="none"))
+            ax.text(j + 0.5, i, str(b), ha="center", va="center", fontsize="x-small")
+    for b in range(num_blocks):
+        cx, cy = x0 + b % cols, b // cols
+        holder = owner.get(b)
+        face = request_color(holder) if holder else "white"
+        ax.add_patch(Rectangle((cx + 0.05, cy - 0.4), 0.9, 0.8, facecolor=face, edgecolor="#888888", linewidth=0.6))
+        ax.text(cx + 0.5, cy, str(b), ha="center", va="center", fontsize="x-small",
+                color="black" if holder else "#888888")
+    if arrows is None:
+        arrows = len(owner) <= 48
+    if arrows:
+        for i, rid in enumerate(ids):
+            for j, b in enumerate(tables[rid]):
+                ax.annotate("", xy=(x0 + b % cols + 0.05, b // cols), xytext=(j + 0.95, i),
+                            arrowprops=dict(arrowstyle="->", color=request_color(rid), alpha=0.55, lw=0.9,
+                                            connectionstyle="arc3,rad=-0.08"))
+    ax.text(width / 2, -0.9, "block table: logical block -> physical id", ha="center", fontsize="small")
+    ax.text(x0 + cols / 2, -0.9, f"physical pool: {num_blocks} blocks of {block_size} tokens", ha="center",
+            fontsize="small")
+    ax.set_xlim(-2.2, x0 + cols + 0.2)
+    ax.set_ylim(max(len(ids), rows) - 0.4, -1.3)
+    ax.set_axis_off()
+    if title:
+        ax.set_title(title)
+    return ax
+
+
 def summary_line(r: RunResult) -> str:
     from .metrics import percentiles
 
@@ -311,4 +379,4 @@ def explorer(cost, num_requests: int = 32, seed: int = 0, short_tokens: int = 20
 
 
 __all__ = ["plot_timeline", "plot_utilization", "plot_kv_memory", "plot_latency_cdfs", "plot_throughput_vs_batch",
-           "explorer", "assign_lanes", "request_color", "summary_line"]
+           "explorer", "assign_lanes", "request_color", "summary_line", "plot_block_tables"]

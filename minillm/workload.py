@@ -19,6 +19,10 @@ Length mixes (``WORKLOADS``):
               tokens and arrive at t=0; then ``num_long`` (3) prompts of ~``long_prompt``
               (1536) tokens arrive at ``first_arrival_s`` + k * ``arrival_gap_s``. Its
               arrivals are part of the workload ("scripted"): no request rate.
+    grounded  chat requests whose answer copies from the prompt (repeat a passage, fix its
+              typos, quote it, edit code; ``minillm/spec/prompts.py``), ``output_len`` (48)
+              new tokens: where prompt lookup drafts well (chapter 5).
+    open      chat requests for free generation (a story, an explanation), ``output_len`` (64).
 
 Arrivals: ``offline`` (everything at t=0: a batch job) or ``poisson`` at ``rate``
 requests per second (exponential gaps: independent users).
@@ -171,8 +175,18 @@ def _long_prompt_arrival(rng: random.Random, n: int, short_prompt: int = 32, sho
     return prompts, outs, times
 
 
+def _grounded_lengths(rng: random.Random, n: int, output_len: int = 48):
+    # Prompt lengths are the chat tasks' own; these nominal ones only size dummy-weight prompts.
+    return [85] * n, [output_len] * n
+
+
+def _open_lengths(rng: random.Random, n: int, output_len: int = 64):
+    return [40] * n, [output_len] * n
+
+
 WORKLOADS = {"uniform": _uniform_lengths, "skewed": _skewed_lengths, "chat": _chat_lengths,
-             "long-prompt-arrival": _long_prompt_arrival}
+             "long-prompt-arrival": _long_prompt_arrival, "grounded": _grounded_lengths, "open": _open_lengths}
+CHAT_TASK_WORKLOADS = ("grounded", "open")  # prompts are chat tasks, not passage + question
 
 
 # -- prompts --------------------------------------------------------------------------
@@ -225,7 +239,12 @@ def make_workload(name: str, num_requests: int, seed: int = 0, tokenizer=None, *
     if min(prompt_lens) < 1 or min(output_lens) < 1:
         raise ValueError(f"workload {name!r} with {params} produced an empty prompt or output")
     rng = random.Random(f"{name}:{seed}:prompts")
-    prompts = [_prompt_ids(tokenizer, rng, p, vocab_size) for p in prompt_lens]
+    if name in CHAT_TASK_WORKLOADS and tokenizer is not None:
+        from .spec.prompts import chat_prompts
+
+        prompts = chat_prompts(tokenizer, name, num_requests)
+    else:
+        prompts = [_prompt_ids(tokenizer, rng, p, vocab_size) for p in prompt_lens]
     times = [0.0] * num_requests
     if arrival == "poisson":
         arng, t = random.Random(f"{name}:{seed}:arrivals"), 0.0

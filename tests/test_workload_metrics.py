@@ -193,9 +193,9 @@ def test_timeline_lanes_show_held_slots():
 
 
 def test_parse_engines():
-    assert bench.parse_engines("all") == ["static", "continuous", "hf-generate", "hf-continuous"]
+    assert bench.parse_engines("all") == ["static", "continuous", "paged", "hf-generate", "hf-continuous"]
     assert bench.parse_engines("continuous, static") == ["continuous", "static"]
-    with pytest.raises(ValueError, match="valid engines: static, continuous, hf-generate, hf-continuous"):
+    with pytest.raises(ValueError, match="valid engines: static, continuous, paged, hf-generate, hf-continuous"):
         bench.parse_engines("continuous,vllm")
 
 

@@ -1,0 +1,191 @@
+"""Drafters: who proposes the k tokens the target verifies.
+
+Both answer one call per engine step, for the requests that decode this step:
+
+    propose(requests, limits) -> (drafts, draft_probs)
+
+``drafts[i]`` holds at most ``limits[i]`` token ids for ``requests[i]``; ``draft_probs[i]``
+is ``[len(drafts[i]), V]``, the exact distribution each draft was sampled from (the q of
+the rejection rule), or None for a deterministic drafter (q = one-hot).
+
+* ``NgramDrafter``: prompt lookup (``ngram.NgramProposer``): no model, no memory.
+* ``ModelDrafter``: a small causal LM with the target's vocabulary, run autoregressively
+  k times over all drafting requests at once, with its own paged KV cache. A cheap way
+  to get one without a second checkpoint is a *self-draft*: the target's own embeddings,
+  final norm and head over a subset of its layers (``layer_subset_model``).
+
+After verification the engine calls ``rollback(request)``: the drafter's K/V for rejected
+drafts is stale, so its per-request computed length is cut back to the target's.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig, SpeculativeConfig
+from ..model_runner import ModelRunner, ScheduledRequest
+from ..request import Request
+from ..sampling import sample_from_probs
+from .ngram import NgramProposer
+from .rejection_sampler import draft_probs_from_logits
+
+Proposal = tuple[list[list[int]], list[torch.Tensor] | None]
+
+
+class NgramDrafter:
+    """Prompt lookup over prompt + output; q is the one-hot of each proposal."""
+
+    deterministic = True
+
+    def __init__(self, n_min: int = 1, n_max: int = 3):
+        self.proposer = NgramProposer(n_max=n_max, n_min=n_min)
+        self.num_forwards = 0  # no model: never any draft forward
+
+    def propose(self, requests: Sequence[Request], limits: Sequence[int]) -> Proposal:
+        return [self.proposer.propose(r.all_token_ids, k) if k > 0 else [] for r, k in zip(requests, limits)], None
+
+    def rollback(self, request: Request) -> None:
+        pass
+
+    def forget(self, request: Request) -> None:
+        pass
+
+
+def layer_subset_model(target: nn.Module, layers: Sequence[int]) -> nn.Module:
+    """A Llama made of ``target``'s layers ``layers`` (in order), sharing every weight.
+
+    The embeddings, the final norm and the LM head are the target's, so the draft costs
+    no memory but its own KV cache. Skipping layers makes hidden states the head was
+    not trained on: how good such a draft is has to be measured, not assumed.
+    """
+    from ..model import Llama
+
+    n = target.cfg.num_layers
+    bad = [i for i in layers if not 0 <= i < n]
+    if bad:
+        raise ValueError(f"draft_layers {bad} are not layers of the target, which has layers 0..{n - 1}")
+    cfg = dataclasses.replace(target.cfg, num_layers=len(layers))
+    with torch.device("meta"):  # no weights allocated: every module is replaced below
+        draft = Llama(cfg, target.attention_backend)
+    draft.embed, draft.norm, draft.lm_head = target.embed, target.norm, target.lm_head
+    draft.layers = nn.ModuleList(target.layers[i] for i in layers)
+    return draft
+
+
+def check_same_vocab(target_cfg: ModelConfig, draft_cfg: ModelConfig) -> None:
+    if draft_cfg.vocab_size != target_cfg.vocab_size:
+        raise ValueError(
+            f"the draft model's vocabulary has {draft_cfg.vocab_size} tokens but the target's has "
+            f"{target_cfg.vocab_size}: a draft must share the target's tokenizer, or its token ids "
+            "mean other text and the target would verify nonsense")
+
+
+@dataclass(slots=True, eq=False)
+class DraftSequence:
+    """What the draft model has cached for one request (the shape ``build_batch`` reads)."""
+
+    all_token_ids: list[int]  # context + drafts of the current step
+    num_computed_tokens: int  # tokens with K/V in the *draft* cache
+    block_ids: list[int]  # the target's block table (the same list): both caches share the paging
+    num_preemptions: int  # the request's count when this state was made: a preemption resets it
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+
+class ModelDrafter:
+    """A causal LM drafting k tokens per request, sampled under each request's SamplingParams.
+
+    Its KV cache has the same block geometry as the target's and is indexed through the
+    target's block tables: the engine reserves blocks for the drafts before drafting, the
+    draft model writes positions the target will overwrite when it verifies, and when
+    rejected tokens' blocks are freed the draft forgets them too (``rollback``).
+    """
+
+    deterministic = False
+
+    def __init__(self, model: nn.Module, target_cfg: ModelConfig, num_blocks: int, block_size: int,
+                 device: torch.device, dtype: torch.dtype):
+        check_same_vocab(target_cfg, model.cfg)
+        self.model = model
+        self.runner = ModelRunner(model, model.cfg, num_blocks, block_size, device, dtype)
+        self.state: dict[Request, DraftSequence] = {}
+        self.num_forwards = 0
+
+    def _sequence(self, r: Request) -> DraftSequence:
+        seq = self.state.get(r)
+        if seq is None or seq.num_preemptions != r.metrics.num_preemptions:
+            # new, or preempted since: its blocks were freed, the cached K/V is gone
+            seq = self.state[r] = DraftSequence([], 0, r.block_ids, r.metrics.num_preemptions)
+        seq.all_token_ids = r.all_token_ids
+        seq.block_ids = r.block_ids
+        return seq
+
+    @torch.inference_mode()
+    def propose(self, requests: Sequence[Request], limits: Sequence[int]) -> Proposal:
+        drafts: list[list[int]] = [[] for _ in requests]
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        active = [i for i, k in enumerate(limits) if k > 0]
+        seqs = {i: self._sequence(requests[i]) for i in active}
+        while active:
+            # Each forward feeds what the draft cache lacks: at first the tokens verified
+            # last step (or the whole context of a request new to the drafter), then the
+            # previous draft. Every row samples.
+            rows = [ScheduledRequest(seqs[i], seqs[i].num_tokens - seqs[i].num_computed_tokens) for i in active]
+            logits, _ = self.runner.execute(rows)  # [A, V]
+            self.num_forwards += 1
+            params = [requests[i].sampling_params for i in active]
+            q = draft_probs_from_logits(logits[:, None], params)[:, 0]  # [A, V]: exactly what we sample from
+            tokens = q.argmax(dim=-1)  # greedy rows: q is one-hot
+            sampled = [j for j, p in enumerate(params) if not p.greedy]
+            if sampled:
+                tokens[sampled] = sample_from_probs(q[sampled], [requests[active[j]].generator for j in sampled])
+            for j, (i, t) in enumerate(zip(active, tokens.tolist())):
+                seqs[i].num_computed_tokens = seqs[i].num_tokens
+                seqs[i].all_token_ids.append(t)
+                drafts[i].append(t)
+                probs[i].append(q[j])
+            active = [i for i in active if len(drafts[i]) < limits[i]]
+        # The last draft of each row was sampled, never fed: the draft cache stops before it.
+        V = self.model.cfg.vocab_size
+        empty = torch.zeros(0, V, device=self.runner.device)
+        return drafts, [torch.stack(p) if p else empty for p in probs]
+
+    def rollback(self, request: Request) -> None:
+        """Keep the draft K/V of verified tokens only: never more than the target has computed."""
+        seq = self.state.get(request)
+        if seq is not None:
+            seq.num_computed_tokens = min(seq.num_computed_tokens, request.num_computed_tokens)
+
+    def forget(self, request: Request) -> None:
+        self.state.pop(request, None)
+
+
+def build_drafter(spec: SpeculativeConfig, target: nn.Module, num_blocks: int, block_size: int,
+                  device: torch.device, dtype: torch.dtype) -> Any:
+    """The drafter ``spec`` asks for, checked against the target (layers, vocabulary)."""
+    if spec.method == "ngram":
+        return NgramDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if spec.draft_layers is not None:
+        draft = layer_subset_model(target, spec.draft_layers)
+    elif isinstance(spec.model, nn.Module):
+        if not isinstance(getattr(spec.model, "cfg", None), ModelConfig):
+            raise ValueError("a draft model given as a module must be a minillm Llama (with a .cfg ModelConfig)")
+        draft = spec.model
+    else:
+        from .. import loader
+        from ..model import build_model
+
+        check_same_vocab(target.cfg, loader.read_config(spec.model))  # before loading any weight
+        draft = build_model(loader.read_config(spec.model), loader.load_weights(spec.model), device, dtype,
+                            target.attention_backend)
+    return ModelDrafter(draft, target.cfg, num_blocks, block_size, device, dtype)
+
+
+__all__ = ["NgramDrafter", "ModelDrafter", "DraftSequence", "layer_subset_model", "check_same_vocab",
+           "build_drafter"]
