@@ -3,7 +3,12 @@
 - ``rejection_sampler``: the verification rule (``rejection_sample``) and its pieces;
 - ``ngram``: a drafter that copies continuations from the context (prompt lookup);
 - ``exactness``: the test that speculative decoding leaves the target distribution
-  unchanged (exact enumeration on toy models, and a sampling test).
+  unchanged (exact enumeration on toy models, and a sampling test);
+- ``drafters``: the engine's drafters (n-gram, and a model with its own KV cache);
+- ``verify``: the engine step -- propose, one verifying forward, rejection sampling,
+  roll-back of rejected tokens' KV -- and the counters (``SpecStats``);
+- ``policy``: adaptive k, the off switch under load, the speedup model;
+- ``prompts``, ``measure``: the grounded / open workloads and timing helpers of chapter 5.
 """
 from .ngram import NgramProposer
 from .rejection_sampler import (

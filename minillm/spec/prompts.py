@@ -20,25 +20,30 @@ _SHIPS = (
     "they were. When the lamp was finally automated, the last keeper moved to the village.")
 _PHOTOSYNTHESIS = (
     "Photosynthesis is the process by which green plants use sunlight, water and carbon dioxide to make "
-    "glucose and oxygen. It takes place in the chloroplasts of leaf cells.")
+    "glucose and oxygen. It takes place in the chloroplasts of leaf cells. The oxygen is released into the "
+    "air, and the glucose feeds the plant and everything that eats it.")
 _CODE = ("def area(width, height):\n    return width * height\n\n\n"
-         "def perimeter(width, height):\n    return 2 * (width + height)\n")
+         "def perimeter(width, height):\n    return 2 * (width + height)\n\n\n"
+         "def diagonal(width, height):\n    return (width ** 2 + height ** 2) ** 0.5\n")
 
+# Answers of a few dozen tokens or more, so a benchmark's fixed output length mostly covers
+# the answer itself (with EOS ignored, what follows it is no longer grounded).
 GROUNDED = [
-    "Repeat the following text exactly:\n\n" + _LIGHTHOUSE,
-    "Correct the spelling mistakes in this text and write it out again:\n\nShips pasing the rocky coast wached "
-    "for its slow white flash, once every ten seconds, and knew were they were. When the lamp was finaly "
-    "automated, the last keeper moved to the vilage.",
-    "Here is a passage:\n\n" + _PHOTOSYNTHESIS + "\n\nQuote the first sentence of the passage word for word.",
-    "Rewrite this sentence with every word capitalized: " + _SHIPS,
+    "Repeat the following text exactly:\n\n" + _LIGHTHOUSE + " " + _SHIPS,
+    "Correct the spelling mistakes in this text and write it out again:\n\nThe old lighthose stood at the end "
+    "of a narow stone pier. For more then a hundred years its keepers climbed the spiral stares each evening "
+    "to light the lamp, polish the grate glass lens and write the wether in a thick leather book.",
+    "Here is a passage:\n\n" + _PHOTOSYNTHESIS + "\n\nQuote the first two sentences of the passage word for word.",
+    "Rewrite this text with every word capitalized: " + _SHIPS,
     "Copy this Python code and add a comment line above each function:\n\n" + _CODE,
     "Add type hints to this Python code and return the full code:\n\n" + _CODE,
-    "Fix the grammar in this sentence and write it again: The keepers was climbing the spiral stairs each "
-    "evenings to lit the lamp and polishes the great glass lens.",
-    "Here is an email:\n\nHi Sam, the meeting moved to Thursday at 3 pm in room 204. Please bring the budget "
-    "report and the slides from last week. Thanks, Alex\n\nWhat time and where is the meeting? Answer with "
-    "the sentence from the email.",
-    "Summarize this passage by quoting its most important sentence:\n\n" + _LIGHTHOUSE + " " + _SHIPS,
+    "Fix the grammar in this text and write it again: The keepers was climbing the spiral stairs each "
+    "evenings to lit the lamp and polishes the great glass lens. Ships passing the rocky coast watches for "
+    "its slow white flash and knows where they was.",
+    "Rewrite this email with the name Sam replaced by Jordan:\n\nHi Sam, the meeting moved to Thursday at "
+    "3 pm in room 204. Please bring the budget report and the slides from last week, and tell Sam's team to "
+    "join us. Thanks, Alex",
+    "Summarize this passage by quoting its two most important sentences:\n\n" + _LIGHTHOUSE + " " + _SHIPS,
 ]
 
 OPEN = [
