@@ -81,19 +81,24 @@ class Scheduler:
             r.num_computed_tokens += row.num_new_tokens
             if i not in sampled:
                 continue
-            r.output_token_ids.append(sampled[i])
-            m = r.metrics
-            if m.first_token_time is None:
-                m.first_token_time = now
-            m.token_times.append(now)
-            reason = self.check_stop(r)
-            if reason is not None:
-                r.finish(reason, now)
+            if self.append_token(r, sampled[i], now):
                 finished.append(r)
         for r in finished:
             self.running.remove(r)
             self.free(r)
         return finished
+
+    def append_token(self, r: Request, token: int, now: float) -> bool:
+        """Append one sampled token, time it, and finish ``r`` if it stops. True if it finished."""
+        r.output_token_ids.append(token)
+        m = r.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.token_times.append(now)
+        reason = self.check_stop(r)
+        if reason is not None:
+            r.finish(reason, now)
+        return reason is not None
 
     def check_stop(self, r: Request) -> FinishReason | None:
         p = r.sampling_params

@@ -232,15 +232,8 @@ def update_verified(scheduler: Any, out: SchedulerOutput, emitted: dict[int, lis
             r.num_computed_tokens += row.num_new_tokens
             continue
         r.num_computed_tokens += row.num_known_tokens + len(toks) - 1
-        m = r.metrics
-        for t in toks:
-            r.output_token_ids.append(t)
-            if m.first_token_time is None:
-                m.first_token_time = now
-            m.token_times.append(now)
-            reason = scheduler.check_stop(r)
-            if reason is not None:
-                r.finish(reason, now)
+        for t in toks:  # stops are checked on every emitted token: the rest is dropped
+            if scheduler.append_token(r, t, now):
                 finished.append(r)
                 break
         if row.spec_token_ids and not r.is_finished:  # rejected drafts: free their blocks
