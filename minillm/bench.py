@@ -65,10 +65,12 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
+from .config import ATTENTION_BACKENDS, ENGINES, EngineConfig
 from .metrics import RunResult, format_table, summarize
 from .workload import WORKLOADS, Workload, make_workload
 
-MINILLM_ENGINES = ("static", "continuous", "paged")
+
+MINILLM_ENGINES = tuple(e for e in ENGINES if e != "simple")  # "simple" is continuous with one slot
 HF_ENGINES = ("hf-generate", "hf-continuous")
 BENCH_ENGINES = MINILLM_ENGINES + HF_ENGINES
 
@@ -112,16 +114,16 @@ def check_settings(max_num_seqs: int, max_num_batched_tokens: int | None, max_mo
         raise ValueError(f"request rate must be >= 0 requests per second (0 = offline), got {rate!r}")
 
 
-def run_minillm(engine: str, workload: Workload, weights, tokenizer, *, max_num_seqs: int,
-                max_num_batched_tokens: int | None, max_model_len: int, dummy_weights: bool = False,
-                progress: bool = False, **engine_kwargs: Any) -> RunResult:
-    """One minillm engine on ``workload``; arrivals are replayed in real time."""
-    from .config import EngineConfig
+def run_minillm(engine: str | EngineConfig, workload: Workload, weights, tokenizer, *,
+                progress: bool = False, **options: Any) -> RunResult:
+    """One minillm engine on ``workload``; arrivals are replayed in real time.
+
+    ``engine``: an ``EngineConfig``, or an engine name with ``options`` (EngineConfig fields).
+    """
     from .engine import build_engine
     from .sampling import SamplingParams
 
-    cfg = EngineConfig(engine=engine, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                       max_model_len=max_model_len, dummy_weights=dummy_weights, **engine_kwargs)
+    cfg = engine if isinstance(engine, EngineConfig) else EngineConfig(engine=engine, **options)
     eng = build_engine(cfg, weights=weights, tokenizer=tokenizer)
     # Warm up (first-call allocations), outside the measurement.
     eng.run([eng.make_request([1, 2, 3, 4], SamplingParams(temperature=0.0, max_tokens=2), request_id="warmup")])
@@ -132,8 +134,8 @@ def run_minillm(engine: str, workload: Workload, weights, tokenizer, *, max_num_
     reqs = [eng.make_request(r.prompt_token_ids, r.sampling_params(), arrival_time=start + r.arrival_time,
                              request_id=r.request_id) for r in workload]
     outs = eng.run(reqs, use_tqdm=progress)
-    result = RunResult(engine, [r.metrics for r in reqs], [o.token_ids for o in outs], list(eng.step_records), start,
-                       max(r.metrics.finish_time for r in reqs), max_num_seqs, eng.runner.kv_cache_bytes,
+    result = RunResult(cfg.engine, [r.metrics for r in reqs], [o.token_ids for o in outs], list(eng.step_records), start,
+                       max(r.metrics.finish_time for r in reqs), cfg.max_num_seqs, eng.resolved.kv_cache_bytes,
                        [r.num_prompt_tokens for r in reqs])
     result.extra.update(kv_extra(eng))
     if eng.spec_stats is not None:  # acceptance_rate, mean_accepted_tokens, tokens_per_target_forward, ...
@@ -168,14 +170,10 @@ def paged_options(engine: str, block_size: int = 16, num_blocks: int | None = No
 
 def kv_extra(eng) -> dict[str, Any]:
     """What a minillm run records about its KV cache: the attention backend; blocks if paged."""
-    from . import device as device_rules
-
-    cfg = eng.config
-    out: dict[str, Any] = {
-        "attention_backend": device_rules.resolve(cfg.device, cfg.dtype, cfg.attention_backend).attention_backend}
-    bm = getattr(eng.scheduler, "block_manager", None)
-    if bm is not None:
-        out.update(block_size=bm.block_size, num_blocks=bm.num_blocks)
+    rc = eng.resolved
+    out: dict[str, Any] = {"attention_backend": rc.placement.attention_backend}
+    if rc.engine == "paged":
+        out.update(block_size=rc.block_size, num_blocks=rc.num_blocks)
     return out
 
 
@@ -226,12 +224,23 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
     engines = parse_engines(",".join(engines))
     check_chunked_prefill(engines, enable_chunked_prefill)
     check_speculative(engines, speculative)
+    from .config import ModelConfig
+
+    # Resolve every engine's configuration now: a bad option fails before any weight loads.
     L = max_model_len or workload.default_max_model_len()
-    budget = max_num_batched_tokens or max(L, max_num_seqs)
+    configs = {name: EngineConfig(engine=name, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                  max_model_len=L, dummy_weights=dummy_weights,
+                                  enable_chunked_prefill=enable_chunked_prefill and name == "paged",
+                                  speculative=speculative if name == "paged" else None,
+                                  **paged_options(name, block_size, num_blocks, attention_backend))
+               for name in (*MINILLM_ENGINES, "continuous")}
+    resolved = {name: cfg.resolve(ModelConfig()) for name, cfg in configs.items() if name in engines}
+    budget = configs["continuous"].resolve(ModelConfig()).max_num_batched_tokens  # the baselines' budget
     longest_prompt = max(len(r.prompt_token_ids) for r in workload)
     if (longest_prompt > budget and not enable_chunked_prefill) or longest_prompt >= L:
         raise ValueError(f"the workload's longest prompt has {longest_prompt} tokens: it needs "
                          f"max_num_batched_tokens >= {longest_prompt} and max_model_len > {longest_prompt}")
+    del resolved
     weights = tokenizer = hf_model = None
     results = []
     for name in engines:
@@ -242,12 +251,7 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                     weights = loader.dummy_weights(ModelConfig())
                 else:
                     weights, tokenizer = loader.load_weights(), loader.load_tokenizer()
-            res = run_minillm(name, workload, weights, tokenizer, max_num_seqs=max_num_seqs,
-                              max_num_batched_tokens=max_num_batched_tokens, max_model_len=L,
-                              dummy_weights=dummy_weights, progress=progress,
-                              enable_chunked_prefill=enable_chunked_prefill,
-                              speculative=speculative if name == "paged" else None,
-                              **paged_options(name, block_size, num_blocks, attention_backend))
+            res = run_minillm(configs[name], workload, weights, tokenizer, progress=progress)
         else:
             from . import hf_baselines
             if hf_model is None:
@@ -309,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-blocks", type=int, default=None,
                     help="KV blocks of the paged engine (default: the contiguous engine's bytes, "
                          "max_num_seqs x max_model_len tokens)")
-    g.add_argument("--attention-backend", choices=["torch", "triton"], default=None,
+    g.add_argument("--attention-backend", choices=list(ATTENTION_BACKENDS), default=None,
                     help="attention of the minillm engines (default: triton on CUDA, torch on the CPU)")
     s = p.add_argument_group("speculative decoding (paged engine)")
     s.add_argument("--speculative", choices=["ngram", "model"], default=None,
@@ -325,6 +329,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.json:  # written after the whole benchmark: check now that it can be, not minutes later
+            import os
+            from pathlib import Path
+
+            out = Path(args.json)
+            if out.is_dir():
+                raise ValueError(f"--json {args.json} is a directory: give a file path, e.g. {out / 'bench.json'}")
+            if not out.parent.is_dir():
+                raise ValueError(f"--json {args.json}: directory {out.parent} does not exist; create it or give "
+                                 f"another path")
+            if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+                raise ValueError(f"--json {args.json} is not writable: give another path")
         engines = parse_engines(args.engine)
         check_settings(args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len, args.request_rate)
         check_paged_settings(args.block_size, args.num_blocks, args.attention_backend)

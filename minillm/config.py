@@ -112,8 +112,7 @@ class SpeculativeConfig:
                 self.draft_layers = list(layers)
         elif self.draft_layers is not None or self.model is not None:
             raise ValueError("draft_layers and model are options of the 'model' method, not of 'ngram'")
-        if not isinstance(self.adaptive, bool):
-            raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
+        check_bool_fields(self)
         if self.disable_by_batch_size is not None:
             _positive_int("disable_by_batch_size", self.disable_by_batch_size)
 
@@ -152,12 +151,16 @@ class EngineConfig:
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None
     enable_chunked_prefill: bool = False
+    watermark: float = 0.0  # paged: fraction of KV blocks kept free when admitting (as vLLM's)
     speculative: dict | SpeculativeConfig | None = None  # validated into a SpeculativeConfig
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_bool_fields(self)
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; valid engines: {', '.join(ENGINES)}")
+        check_seed("seed", self.seed, ENGINE_SEED_LIMIT,
+                   "it also derives the seed of every request that has none")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
@@ -165,7 +168,8 @@ class EngineConfig:
                 f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                 f"got {self.attention_backend!r}"
             )
-        if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
+        if self.device is not None and not (isinstance(self.device, str)
+                                            and (self.device == "cpu" or self.device.startswith("cuda"))):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         _positive_int("max_num_seqs", self.max_num_seqs)
         _positive_int("block_size", self.block_size)
@@ -176,6 +180,10 @@ class EngineConfig:
             if value is not None:
                 _positive_int(name, value)
         self._check_budget()
+        w = self.watermark
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w < 1.0:
+            raise ValueError(f"watermark must be a fraction in [0, 1) of the KV blocks kept free when admitting "
+                             f"a request (0.01 keeps 1%), got {w!r}")
         if self.enable_chunked_prefill and self.engine != "paged":
             raise ValueError(f"enable_chunked_prefill is a policy of the paged scheduler: pass engine='paged', "
                              f"not {self.engine!r} (the continuous engine feeds whole prompts next to its decodes)")
@@ -200,6 +208,10 @@ class EngineConfig:
                 f"{seqs} running requests one decode token, so the decodes alone would not fit the budget. "
                 f"Raise max_num_batched_tokens to at least {seqs} or lower max_num_seqs")
 
+    def resolve(self, model_config: ModelConfig) -> "ResolvedConfig":
+        """Every default filled in and every derived number computed: see ``ResolvedConfig``."""
+        return resolve(self, model_config)
+
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
         valid = [f.name for f in fields(cls)]
@@ -211,10 +223,88 @@ class EngineConfig:
         return cls(**kwargs)
 
 
+# torch.Generator.manual_seed takes any integer in [-2**63, 2**64) and reads a negative one
+# as its two's complement (-1 is the seed 2**64 - 1): seeds are the unsigned range.
+SEED_LIMIT = 2**64
+# EngineConfig.seed also derives every unseeded request's seed (seed * 1_000_003 + i),
+# which must stay below SEED_LIMIT; 2**32 leaves room for 2**40 requests.
+ENGINE_SEED_LIMIT = 2**32
+
+
+def check_bool_fields(obj: Any) -> None:
+    """Every field declared ``bool`` must be True or False.
+
+    ``bool("no")`` is True: a string (or 0/1, or None) would be read by truthiness and
+    switch an option on or off without a word.
+    """
+    for f in fields(obj):
+        if f.type in ("bool", bool):
+            value = getattr(obj, f.name)
+            if not isinstance(value, bool):
+                raise ValueError(f"{f.name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def check_seed(name: str, value: Any, limit: int = SEED_LIMIT, why: str = "") -> None:
+    """A seed is an integer in [0, limit); checked when it is given, not when it is first used."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
+        exp = limit.bit_length() - 1
+        because = f" ({why})" if why else ""
+        raise ValueError(f"{name} must be an integer in [0, 2**{exp}){because}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedConfig:
+    """What an engine derives from ``EngineConfig`` + ``ModelConfig``, computed in ONE place.
+
+    ``build_engine``, the benchmark and the simulator all read these numbers, so they
+    cannot disagree on a default. Building one validates the whole configuration
+    without loading a single weight.
+    """
+
+    engine: str
+    max_model_len: int  # default: the model's context length
+    max_num_seqs: int  # batch slots (the simple engine: 1)
+    max_num_batched_tokens: int  # the token budget of one step; default max(max_model_len, max_num_seqs)
+    block_size: int  # tokens per KV block; the contiguous engines: max_model_len (one region per slot)
+    num_blocks: int  # KV blocks in the cache; the contiguous engines: one per slot
+    kv_bytes_per_token: int  # K and V of one token, every layer, in the cache dtype
+    placement: Any  # minillm.placement.Placement: device, dtype, attention backend
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.num_blocks * self.block_size * self.kv_bytes_per_token
+
+
+def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
+    """Fill in ``config``'s defaults for ``model_config``; raise ValueError if it cannot run."""
+    from . import placement
+    from .block_manager import num_blocks_from_budget
+
+    place = placement.resolve(config.device, config.dtype, config.attention_backend)
+    max_model_len = config.max_model_len or model_config.max_position_embeddings
+    if max_model_len > model_config.max_position_embeddings:
+        raise ValueError(f"max_model_len must be at most the model's context length "
+                         f"{model_config.max_position_embeddings}, got {max_model_len}")
+    seqs = 1 if config.engine == "simple" else config.max_num_seqs
+    budget = config.max_num_batched_tokens or max(max_model_len, config.max_num_seqs)
+    kv_bytes = model_config.kv_bytes_per_token(place.dtype.itemsize)
+    if config.engine == "paged":
+        # Size the cache in blocks from whichever budget was given (default: the bytes
+        # the contiguous engine reserves).
+        block_size = config.block_size
+        num_blocks = num_blocks_from_budget(
+            block_size=block_size, max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
+            kv_bytes_per_token=kv_bytes, num_blocks=config.num_blocks, kv_cache_bytes=config.kv_cache_bytes)
+    else:
+        block_size, num_blocks = max_model_len, seqs
+    return ResolvedConfig(config.engine, max_model_len, seqs, budget, block_size, num_blocks, kv_bytes, place)
+
+
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
-__all__ = ["ModelConfig", "EngineConfig", "SpeculativeConfig", "ENGINES", "ATTENTION_BACKENDS", "DTYPES",
-           "SPEC_METHODS", "MAX_SPECULATIVE_TOKENS"]
+__all__ = ["ModelConfig", "EngineConfig", "SpeculativeConfig", "ResolvedConfig", "resolve", "ENGINES", "ATTENTION_BACKENDS", "DTYPES",
+           "SPEC_METHODS", "MAX_SPECULATIVE_TOKENS", "SEED_LIMIT", "ENGINE_SEED_LIMIT", "check_bool_fields",
+           "check_seed"]

@@ -1,9 +1,10 @@
 """A step-time model fitted on measured steps, and a simulator that uses it.
 
-The simulator runs the *real* scheduler classes (the same ``SCHEDULERS`` the engine
-uses) on a workload, but instead of a forward pass it advances a virtual clock by
-the time the cost model predicts for that step. No model, no tensors: a whole
-benchmark replays in milliseconds, so widgets can redraw while a slider moves.
+The simulator IS the engine: the same ``LLMEngine`` step loop and scheduler, with a
+``CostModelRunner`` in place of the model runner and a virtual clock in place of wall
+time. Each step advances the clock by the time the cost model predicts for it. No
+model, no weights: a whole benchmark replays in well under a second, so widgets can
+redraw while a slider moves.
 
 The cost of one step, in seconds, is modelled as a sum of what the forward does:
 
@@ -21,11 +22,10 @@ against the real engine before trusting a conclusion (``viz.explorer`` has a but
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from .config import EngineConfig, ModelConfig
-from .metrics import RunResult, StepRecord, record_step
-from .request import Request
+from .metrics import RunResult, StepRecord
 from .workload import Workload
 
 FEATURES = ("overhead", "per_token", "per_context", "per_padded_context", "per_sample")
@@ -96,56 +96,59 @@ class CostModel:
         return asdict(self)
 
 
+class CostModelRunner:
+    """Stands in for ``ModelRunner``: no forward, the clock advances by the predicted step time.
+
+    Its logits are one column of zeros, so every sampled token is 0: what a simulated
+    request generates does not matter, only how many tokens (workloads ignore EOS).
+    """
+
+    def __init__(self, cost: CostModel, clock: Any):
+        self.cost = cost
+        self.clock = clock
+
+    def execute(self, out: Any) -> Any:
+        import torch
+
+        from .model_runner import ModelOutput
+
+        new = [row.num_new_tokens for row in out.rows]
+        ctx = [row.request.num_computed_tokens + row.num_new_tokens for row in out.rows]
+        sampling = [i for i, row in enumerate(out.rows) if row.samples]
+        self.clock.advance(self.cost.step_time(new, ctx, len(sampling)))
+        return ModelOutput(torch.zeros(len(sampling), 1), sampling, list(range(len(sampling))))
+
+
 def simulate(workload: Workload, engine: str = "continuous", max_num_seqs: int = 8,
              max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
              cost: CostModel | None = None, model_config: ModelConfig | None = None,
-             dtype_bytes: int = 4) -> RunResult:
-    """Replay ``workload`` through the real scheduler of ``engine`` on a virtual clock."""
-    from .engine import SCHEDULERS
+             dtype: str = "float32", **options: Any) -> RunResult:
+    """Run ``workload`` through the engine ``engine`` on a virtual clock, stepping by ``cost``.
+
+    ``options``: any other ``EngineConfig`` option (``block_size``, ``num_blocks``,
+    ``enable_chunked_prefill``, ...). KV bytes are counted in ``dtype``.
+    """
+    from .clock import VirtualClock
+    from .engine import LLMEngine
+    from .scheduler import build_scheduler
 
     cost = cost or CostModel()
     mcfg = model_config or ModelConfig()
-    max_model_len = max_model_len or workload.default_max_model_len()
     cfg = EngineConfig(engine=engine, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                       max_model_len=max_model_len, dummy_weights=True)
-    if engine not in SCHEDULERS:
-        raise ValueError(f"engine {engine!r} has no scheduler; valid engines: {', '.join(SCHEDULERS)}")
-    budget = max_num_batched_tokens or max(max_model_len, max_num_seqs)
-    sched, num_blocks, block_size = SCHEDULERS[engine](cfg, mcfg, max_model_len, budget)
-    bytes_per_token = mcfg.kv_bytes_per_token(dtype_bytes)
-    clock = [0.0]
-    sched.clock = lambda: clock[0]
-    requests = []
-    for wr in workload:
-        if len(wr.prompt_token_ids) >= max_model_len or len(wr.prompt_token_ids) > budget:
-            raise ValueError(f"request {wr.request_id} has a {len(wr.prompt_token_ids)}-token prompt: it needs "
-                             f"max_model_len > {len(wr.prompt_token_ids)} and max_num_batched_tokens >= "
-                             f"{len(wr.prompt_token_ids)}")
-        r = Request(wr.request_id, list(wr.prompt_token_ids), wr.sampling_params(), arrival_time=wr.arrival_time)
-        requests.append(r)
-        sched.add(r)
-    steps: list[StepRecord] = []
-    while sched.has_unfinished():
-        out = sched.schedule()
-        if not out.rows:  # nothing has arrived: jump to the next arrival
-            nxt = min((r.arrival_time for r in sched.waiting if r.arrival_time > clock[0]), default=None)
-            if nxt is None:
-                raise RuntimeError("the scheduler scheduled nothing although every waiting request has arrived")
-            clock[0] = nxt
-            continue
-        start = clock[0]
-        new = [row.num_new_tokens for row in out.rows]
-        ctx = [row.request.num_computed_tokens + row.num_new_tokens for row in out.rows]
-        sampled = {i: 0 for i, row in enumerate(out.rows) if row.samples}  # the token value does not matter
-        clock[0] += cost.step_time(new, ctx, len(sampled))
-        sched.update(out, sampled, now=clock[0])
-        steps.append(record_step(len(steps), start, clock[0], out, len(sampled), sched, block_size, bytes_per_token))
+                       max_model_len=max_model_len or workload.default_max_model_len(), dummy_weights=True,
+                       device="cpu", dtype=dtype, **options)
+    rc = cfg.resolve(mcfg)
+    clock = VirtualClock()
+    eng = LLMEngine(cfg, rc, mcfg, None, build_scheduler(cfg, rc, mcfg.eos_token_id), CostModelRunner(cost, clock),
+                    clock=clock)
+    requests = [eng.make_request(list(wr.prompt_token_ids), wr.sampling_params(), arrival_time=wr.arrival_time,
+                                 request_id=wr.request_id) for wr in workload]
+    outs = eng.run(requests)
     return RunResult(
         engine=f"{engine} (simulated)", metrics=[r.metrics for r in requests],
-        output_token_ids=[r.output_token_ids for r in requests], steps=steps, start=0.0,
+        output_token_ids=[o.token_ids for o in outs], steps=eng.step_records, start=0.0,
         end=max(r.metrics.finish_time for r in requests), num_slots=max_num_seqs,
-        kv_cache_bytes=num_blocks * block_size * bytes_per_token,
-        num_prompt_tokens=[r.num_prompt_tokens for r in requests])
+        kv_cache_bytes=rc.kv_cache_bytes, num_prompt_tokens=[r.num_prompt_tokens for r in requests])
 
 
 def calibration_steps(engine, batch_sizes: Sequence[int] = (1, 4, 8), contexts: Sequence[int] = (16, 256),
@@ -167,4 +170,4 @@ def calibration_steps(engine, batch_sizes: Sequence[int] = (1, 4, 8), contexts: 
     return records
 
 
-__all__ = ["CostModel", "simulate", "calibration_steps", "step_features", "record_features", "FEATURES"]
+__all__ = ["CostModel", "CostModelRunner", "simulate", "calibration_steps", "step_features", "record_features", "FEATURES"]

@@ -2,31 +2,30 @@
 
     engine.add_request(prompt, params)        text -> token ids -> Request (validated)
     while engine.has_unfinished():
-        engine.step()                         schedule -> one forward -> sample -> update
+        engine.step()                         schedule -> forward -> sample -> update
 
-``LLM(engine=...)`` picks the scheduler; everything else (model, runner, sampler,
-metrics) is shared by all engines. ``LLM(engine="paged", speculative={...})`` adds a
-``Speculator`` (minillm/spec/verify.py): each step drafts tokens, verifies them in the
-same one forward and may emit several tokens per request.
+Every engine is this one loop; ``LLM(engine=...)`` picks the scheduler (``scheduler/``).
+With ``speculative={...}`` (paged engine) the same step also drafts tokens into the
+lookahead the scheduler reserved and verifies them in its one forward
+(``spec/speculator.py``), emitting up to k + 1 tokens per request.
 """
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
-from . import device as device_rules
-from .block_manager import num_blocks_from_budget
-from .config import EngineConfig, ModelConfig
+from .clock import WallClock
+from .config import EngineConfig, ModelConfig, ResolvedConfig
+from .inputs import parse_conversation, parse_messages, parse_prompts
 from .metrics import StepRecord, record_step
 from .model import build_model
-from .model_runner import ModelRunner
+from .model_runner import ModelOutput, ModelRunner
 from .request import FinishReason, Request, RequestMetrics
 from .sampling import SamplingParams, sample
-from .scheduler import ContinuousScheduler, PagedScheduler, Scheduler, SchedulerOutput, StaticScheduler
+from .scheduler import Scheduler, SchedulerOutput, build_scheduler
 
 
 @dataclass(slots=True)
@@ -45,25 +44,26 @@ class RequestOutput:
 
 
 class LLMEngine:
-    """Owns the model, the KV cache, the scheduler; runs steps."""
+    """Owns the scheduler and the runner (model + KV cache); runs steps."""
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, model, tokenizer,
-                 scheduler: Scheduler, runner: ModelRunner, speculator: Any = None):
+    def __init__(self, config: EngineConfig, resolved: ResolvedConfig, model_config: ModelConfig, tokenizer,
+                 scheduler: Scheduler, runner: Any, speculator: Any = None, clock: Any = None):
         self.config = config
+        self.resolved = resolved
         self.model_config = model_config
-        self.model = model
         self.tokenizer = tokenizer
         self.scheduler = scheduler
-        self.runner = runner
-        self.speculator = speculator  # minillm.spec.verify.Speculator, or None
-        self.device = runner.device
+        self.runner = runner  # ModelRunner, or the simulator's cost-model runner
+        self.model = getattr(runner, "model", None)
+        self.speculator = speculator  # minillm.spec.speculator.Speculator, or None
+        self.clock = clock or WallClock()
+        scheduler.clock = self.clock.now
+        self.device = resolved.placement.device
+        self.max_model_len = resolved.max_model_len
+        self.kv_bytes_per_token = resolved.kv_bytes_per_token
         self.step_records: list[StepRecord] = []
         self._ids = itertools.count()
         self._seed_counter = itertools.count()
-        self.max_model_len = scheduler.max_model_len
-        self.scheduler.stop_checker = self._stop_string_hit
-        k_cache = runner.kv_caches[0][0]  # [num_blocks, block_size, Hkv, D]
-        self.kv_bytes_per_token = runner.kv_cache_bytes // (k_cache.shape[0] * k_cache.shape[1])
 
     # -- requests -------------------------------------------------------------
     def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
@@ -95,11 +95,14 @@ class LLMEngine:
                 f"shorten the prompt to at most {self.max_model_len - 1} tokens or raise max_model_len")
         self.check_fits(len(ids))
         rid = str(next(self._ids)) if request_id is None else request_id
-        req = Request(rid, ids, params, prompt=text)
-        if arrival_time is not None:
-            req.arrival_time = req.metrics.arrival_time = arrival_time
+        arrival = self.clock.now() if arrival_time is None else arrival_time
+        req = Request(rid, ids, params, prompt=text, arrival_time=arrival)
         seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + next(self._seed_counter)
         req.generator = torch.Generator(device=self.device).manual_seed(seed)
+        if self.tokenizer is not None:
+            from .detokenizer import IncrementalDetokenizer
+
+            req.detokenizer = IncrementalDetokenizer(self.tokenizer, ids, params)
         return req
 
     def check_fits(self, num_prompt_tokens: int) -> None:
@@ -118,53 +121,56 @@ class LLMEngine:
         return req
 
     def abort(self, request: Request) -> None:
+        """Stop ``request`` now: its KV space is freed, its output keeps what it has so far."""
+        was_finished = request.is_finished
         self.scheduler.abort(request)
         if self.speculator is not None:
             self.speculator.forget(request)
+        if not was_finished:
+            self._finish_text(request)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[Request]:
-        """schedule -> forward -> sample -> update. Returns the requests that finished."""
-        start = time.perf_counter()
+        """schedule -> (propose drafts) -> forward -> sample or verify -> update. Returns finished requests."""
+        start = self.clock.now()
         out: SchedulerOutput = self.scheduler.schedule()
         if not out.rows:  # nothing has arrived yet, or everything waits
             self._idle_wait()
             return []
-        if self.speculator is not None:  # draft -> one verifying forward -> 1..k+1 tokens per row
-            emitted = self.speculator.step(out)
-            device_rules.synchronize(self.device)
-            end = time.perf_counter()
-            finished = self.speculator.update(out, emitted, now=end)
-            num_sampled = len(emitted)
-        else:
-            logits, sample_rows = self.runner.execute(out.rows)
-            reqs = [out.rows[i].request for i in sample_rows]
-            tokens = sample(logits, [r.sampling_params for r in reqs], [r.generator for r in reqs])
-            device_rules.synchronize(self.device)
-            sampled = dict(zip(sample_rows, tokens.tolist()))
-            end = time.perf_counter()
-            finished = self.scheduler.update(out, sampled, now=end)
-            num_sampled = len(sampled)
+        if self.speculator is not None:
+            self.speculator.propose(out)  # drafts, into the lookahead the scheduler reserved
+        model_out = self.runner.execute(out)  # logits, laid out as the batch was built
+        emitted = self.sample(out, model_out)  # row index -> its tokens (1, or up to k + 1)
+        end = self.clock.now()
+        finished = self.scheduler.update(out, emitted, now=end)
+        if self.speculator is not None:
+            self.speculator.finish_step(out, finished)
         for r in finished:
-            self._finalize_text(r)
-        self.step_records.append(record_step(len(self.step_records), start, end, out, num_sampled,
-                                             self.scheduler, self.runner.block_size, self.kv_bytes_per_token))
+            self._finish_text(r)
+        self.step_records.append(record_step(len(self.step_records), start, end, out, len(emitted), self.scheduler,
+                                             self.resolved.block_size, self.kv_bytes_per_token))
         return finished
+
+    def sample(self, out: SchedulerOutput, model_out: ModelOutput) -> dict[int, list[int]]:
+        """One token per sampling row; with speculation, the verified drafts and one more."""
+        if self.speculator is not None:
+            return self.speculator.verify(out, model_out)
+        reqs = [out.rows[i].request for i in model_out.rows]
+        tokens = sample(model_out.logits, [r.sampling_params for r in reqs], [r.generator for r in reqs])
+        return {i: [t] for i, t in zip(model_out.rows, tokens.tolist())}  # .tolist(): the step's one host read
 
     @property
     def spec_stats(self):
-        """Speculation counters (``minillm.spec.verify.SpecStats``), or None without speculation."""
+        """Speculation counters (``minillm.spec.speculator.SpecStats``), or None without speculation."""
         return None if self.speculator is None else self.speculator.stats
 
     def _idle_wait(self) -> None:
         waiting = self.scheduler.waiting
         if waiting and not self.scheduler.running:
-            delay = waiting[0].arrival_time - time.perf_counter()
-            if delay > 0:
-                time.sleep(min(delay, 0.05))
+            self.clock.wait_until(waiting[0].arrival_time)
 
     # -- text -------------------------------------------------------------------
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -172,14 +178,14 @@ class LLMEngine:
             return ""
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
-    def _stop_string_hit(self, r: Request) -> bool:
-        text = self.decode(r.output_token_ids)
-        return any(s in text for s in r.sampling_params.stop)
-
-    def _finalize_text(self, r: Request) -> None:
-        text = self.decode(r.output_token_ids)
-        cut = [text.find(s) for s in r.sampling_params.stop if s in text]
-        r.output_text = text[:min(cut)] if cut else text  # a stop string is not part of the output
+    def _finish_text(self, r: Request) -> None:
+        """The final text: built incrementally, stop string (and stop token text) left out."""
+        if r.detokenizer is None:
+            return
+        last = r.output_token_ids[-1] if r.output_token_ids else None
+        stopped_on_token = (r.finish_reason is FinishReason.STOP and last is not None
+                            and last in r.sampling_params.stop_token_ids)
+        r.output_text = r.detokenizer.finish(r.finish_reason, stopped_on_token)
 
     def output(self, r: Request) -> RequestOutput:
         return RequestOutput(r.request_id, r.prompt, r.prompt_token_ids, r.output_text,
@@ -211,38 +217,7 @@ class LLMEngine:
         return [self.output(r) for r in requests]
 
 
-# -- engine registry ------------------------------------------------------------
-
-SchedulerFactory = Callable[[EngineConfig, ModelConfig, int, int], tuple[Scheduler, int, int]]
-
-
-def _continuous(cfg: EngineConfig, mcfg: ModelConfig, max_model_len: int, budget: int):
-    seqs = 1 if cfg.engine == "simple" else cfg.max_num_seqs
-    sched = ContinuousScheduler(seqs, budget, max_model_len, mcfg.eos_token_id)
-    return sched, seqs, max_model_len  # KV: one block of max_model_len tokens per batch slot
-
-
-def _static(cfg: EngineConfig, mcfg: ModelConfig, max_model_len: int, budget: int):
-    sched = StaticScheduler(cfg.max_num_seqs, budget, max_model_len, mcfg.eos_token_id)
-    return sched, cfg.max_num_seqs, max_model_len  # the same contiguous slots as continuous
-
-
-def _paged(cfg: EngineConfig, mcfg: ModelConfig, max_model_len: int, budget: int):
-    # Size the cache in blocks from whichever budget was given (default: the bytes the
-    # contiguous engine reserves). One block of one token costs K and V in every layer.
-    dtype = device_rules.resolve(cfg.device, cfg.dtype, cfg.attention_backend).dtype
-    num_blocks = num_blocks_from_budget(
-        block_size=cfg.block_size, max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs,
-        kv_bytes_per_token=mcfg.kv_bytes_per_token(dtype.itemsize),
-        num_blocks=cfg.num_blocks, kv_cache_bytes=cfg.kv_cache_bytes)
-    sched = PagedScheduler(cfg.max_num_seqs, budget, max_model_len, mcfg.eos_token_id, num_blocks,
-                           cfg.block_size, enable_chunked_prefill=cfg.enable_chunked_prefill)
-    return sched, num_blocks, cfg.block_size
-
-
-SCHEDULERS: dict[str, SchedulerFactory] = {"simple": _continuous, "static": _static, "continuous": _continuous,
-                                           "paged": _paged}
-
+# -- building an engine -----------------------------------------------------------
 
 def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: Any = "auto",
                  model_config: ModelConfig | None = None) -> LLMEngine:
@@ -250,9 +225,6 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
     builds another Llama than the GGUF's, e.g. a tiny one for fast tests."""
     from . import loader
 
-    if config.engine not in SCHEDULERS:
-        raise ValueError(f"engine {config.engine!r} is not available; valid engines: {', '.join(SCHEDULERS)}")
-    place = device_rules.resolve(config.device, config.dtype, config.attention_backend)
     if model_config is not None:
         mcfg = model_config
         weights = loader.dummy_weights(mcfg, config.seed) if weights is None else weights
@@ -264,22 +236,19 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
         weights = loader.load_weights(config.model) if weights is None else weights
     if tokenizer == "auto":
         tokenizer = loader.load_tokenizer(config.model) if _gguf_present(config.model) else None
-    max_model_len = config.max_model_len or mcfg.max_position_embeddings
-    if max_model_len > mcfg.max_position_embeddings:
-        raise ValueError(f"max_model_len must be at most the model's context length "
-                         f"{mcfg.max_position_embeddings}, got {max_model_len}")
-    budget = config.max_num_batched_tokens or max(max_model_len, config.max_num_seqs)
-    sched, num_blocks, block_size = SCHEDULERS[config.engine](config, mcfg, max_model_len, budget)
+    rc = config.resolve(mcfg)
+    place = rc.placement
+    scheduler = build_scheduler(config, rc, mcfg.eos_token_id)
     model = build_model(mcfg, weights, place.device, place.dtype, place.attention_backend)
-    runner = ModelRunner(model, mcfg, num_blocks, block_size, place.device, place.dtype)
+    runner = ModelRunner(model, mcfg, rc.num_blocks, rc.block_size, place.device, place.dtype)
     speculator = None
     if config.speculative is not None:
         from .spec.drafters import build_drafter
-        from .spec.verify import Speculator
+        from .spec.speculator import Speculator
 
-        drafter = build_drafter(config.speculative, model, num_blocks, block_size, place.device, place.dtype)
-        speculator = Speculator(config.speculative, drafter, runner, sched)
-    return LLMEngine(config, mcfg, model, tokenizer, sched, runner, speculator)
+        drafter = build_drafter(config.speculative, model, rc.num_blocks, rc.block_size, place.device, place.dtype)
+        speculator = Speculator(config.speculative, drafter)
+    return LLMEngine(config, rc, mcfg, tokenizer, scheduler, runner, speculator)
 
 
 def _gguf_present(path) -> bool:
@@ -305,16 +274,14 @@ class LLM:
         self.engine = build_engine(self.config)
         self.tokenizer = self.engine.tokenizer
 
-    def generate(self, prompts: str | Sequence[int] | Iterable[str | Sequence[int]],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Outputs in the order of ``prompts``. Every prompt is validated before any runs."""
-        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
-                                        and all(isinstance(t, int) for t in prompts)):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if not prompts:
-            raise ValueError("prompts is empty: give at least one prompt")
+        """Outputs in the order of ``prompts``. Every prompt is validated before any runs.
+
+        ``prompts``: a string, a list of token ids, ``{"prompt": ...}`` or
+        ``{"prompt_token_ids": ...}`` (vLLM's shapes), or a list of them.
+        """
+        prompts = parse_prompts(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
         else:
@@ -326,10 +293,10 @@ class LLM:
         return self.engine.run(requests, use_tqdm=use_tqdm)
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """One conversation -> the token ids of the chat template, ready for the assistant's turn."""
         if self.tokenizer is None:
             raise ValueError("chat needs the tokenizer of the GGUF, which this engine does not have")
-        if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
-            raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+        messages = parse_conversation(messages)
         enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = enc["input_ids"] if not isinstance(enc, list) else enc
         return list(ids)
@@ -338,5 +305,4 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = False) -> list[RequestOutput]:
         """Apply the chat template, then generate. One conversation or a list of them."""
-        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        return self.generate([self.chat_prompt(c) for c in convs], sampling_params, use_tqdm)
+        return self.generate([self.chat_prompt(c) for c in parse_messages(messages)], sampling_params, use_tqdm)

@@ -134,15 +134,14 @@ def record_step(step: int, start: float, end: float, out: Any, num_sampled: int,
                 block_size: int, kv_bytes_per_token: int) -> StepRecord:
     """The StepRecord of a step whose ``scheduler.update`` has run.
 
-    ``out`` is the SchedulerOutput; a padded scheduler (static) gives it ``padded_width``.
-    A scheduler that keeps KV space for requests that stopped running (static batching
-    holds a finished request's slot until its whole group is done) lists them in
-    ``kv_holders``; otherwise the running requests are the holders.
+    ``out`` is the SchedulerOutput (``padded_width`` set by a padded scheduler: static).
+    The requests holding KV space are the scheduler's ``kv_holders``: the running ones,
+    or, in static batching, the whole group until its last member finishes.
     """
     rows = out.rows
     new = [row.num_new_tokens for row in rows]
-    slots, padded, idle = slot_accounting(new, scheduler.max_num_seqs, getattr(out, "padded_width", None))
-    holders = list(getattr(scheduler, "kv_holders", scheduler.running))
+    slots, padded, idle = slot_accounting(new, scheduler.max_num_seqs, out.padded_width)
+    holders = list(scheduler.kv_holders)
     reserved, used = kv_usage(holders, block_size, kv_bytes_per_token)
     running_ids = {row.request.request_id for row in rows}
     ctx = [row.request.num_computed_tokens for row in rows]  # after update: this step's tokens included

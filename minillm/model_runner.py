@@ -15,7 +15,7 @@ every draft, the k + 1 distributions that verify k drafts in this one forward.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -23,28 +23,32 @@ from .attention import AttentionMetadata
 from .block_manager import slots_for  # token position -> cache slot through a block table
 from .config import ModelConfig
 from .request import Request
+from .scheduler.output import ScheduledRequest, SchedulerOutput
 
 
 @dataclass(slots=True)
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int  # tokens fed this step, starting at request.num_computed_tokens (drafts included)
-    spec_token_ids: list[int] = field(default_factory=list)  # drafted tokens, fed after the known ones
+class StepBatch:
+    """One step's flat inputs (design.md §2), and where its logits go."""
 
-    @property
-    def num_known_tokens(self) -> int:
-        """Tokens fed from ``request.all_token_ids`` (the rest are drafts)."""
-        return self.num_new_tokens - len(self.spec_token_ids)
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    logits_index: torch.Tensor  # [S] indices in [T] of the tokens whose logits are needed
+    rows: list[int]  # index in ``out.rows`` of every row that samples, in order
+    offsets: list[int]  # where each of those rows' logits start in the [S] logits
 
-    @property
-    def samples(self) -> bool:
-        r = self.request
-        return r.num_computed_tokens + self.num_known_tokens == r.num_tokens
 
-    @property
-    def num_logits(self) -> int:
-        """Logits rows this row gets: 1 + its drafts if it samples, else 0."""
-        return 1 + len(self.spec_token_ids) if self.samples else 0
+@dataclass(slots=True)
+class ModelOutput:
+    """What one forward hands back: logits laid out as the batch was built.
+
+    Sampling row ``rows[j]`` owns ``logits[offsets[j] : offsets[j] + out.rows[rows[j]].num_logits]``:
+    one row of logits, or 1 + its drafts when it verifies drafts.
+    """
+
+    logits: torch.Tensor  # [S, V] float32
+    rows: list[int]
+    offsets: list[int]
 
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device,
@@ -59,11 +63,11 @@ def kv_cache_bytes(kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv_caches)
 
 
-def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.device):
-    """Flat step inputs for ``rows``: (input_ids, positions, meta, sample_rows, logits_index).
+def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.device) -> StepBatch:
+    """Flat step inputs for ``rows``, built on the host and copied to ``device``.
 
-    ``logits_index`` [S] holds the index in [T] of every token whose logits are needed:
-    the last token of each sampling row, or its last 1 + len(spec_token_ids) tokens.
+    A row that samples gets logits at its last token, or at its last 1 + len(spec_token_ids)
+    tokens when it carries drafts (the k + 1 distributions that verify k drafts).
     """
     ids: list[int] = []
     pos: list[int] = []
@@ -71,8 +75,9 @@ def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.dev
     qstart = [0]
     ctx: list[int] = []
     qlens: list[int] = []
-    logits_index: list[int] = []  # indices in [T] of the tokens that need logits
+    logits_index: list[int] = []
     sample_rows: list[int] = []
+    offsets: list[int] = []
     for i, row in enumerate(rows):
         r, n = row.request, row.num_new_tokens
         start, end = r.num_computed_tokens, r.num_computed_tokens + n
@@ -85,6 +90,7 @@ def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.dev
         qlens.append(n)
         if row.samples:
             sample_rows.append(i)
+            offsets.append(len(logits_index))
             logits_index.extend(range(qstart[-1] - row.num_logits, qstart[-1]))
     width = max((len(r.request.block_ids) for r in rows), default=1)
     tables = [r.request.block_ids + [0] * (width - len(r.request.block_ids)) for r in rows]
@@ -98,7 +104,8 @@ def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.dev
         query_lens_list=qlens,
         context_lens_list=ctx,
     )
-    return as_t(ids, torch.long), as_t(pos, torch.long), meta, sample_rows, as_t(logits_index, torch.long)
+    return StepBatch(as_t(ids, torch.long), as_t(pos, torch.long), meta, as_t(logits_index, torch.long),
+                     sample_rows, offsets)
 
 
 class ModelRunner:
@@ -117,16 +124,12 @@ class ModelRunner:
         return kv_cache_bytes(self.kv_caches)
 
     @torch.inference_mode()
-    def execute(self, rows: list[ScheduledRequest]) -> tuple[torch.Tensor, list[int]]:
-        """One forward over ``rows`` -> (logits [S, V] float32, indices of the sampling rows).
-
-        One logits row per sampling row, in row order; a row carrying drafts gets
-        ``1 + len(spec_token_ids)`` consecutive ones (``ScheduledRequest.num_logits``).
-        """
-        input_ids, positions, meta, sample_rows, logits_idx = build_batch(rows, self.block_size, self.device)
-        hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
-        logits = self.model.compute_logits(hidden[logits_idx])  # [S, V]
-        return logits, sample_rows
+    def execute(self, out: SchedulerOutput) -> ModelOutput:
+        """One forward over the rows of ``out``; logits only where a row samples."""
+        b = build_batch(out.rows, self.block_size, self.device)
+        hidden = self.model(b.input_ids, b.positions, b.meta, self.kv_caches)  # [T, hidden]
+        logits = self.model.compute_logits(hidden[b.logits_index])  # [S, V]
+        return ModelOutput(logits, b.rows, b.offsets)
 
 
 @torch.inference_mode()
@@ -150,7 +153,7 @@ def prompt_logits(model, token_ids: list[int], chunk_size: int | None = None,
     step = chunk_size or n
     while req.num_computed_tokens < n:
         k = min(step, n - req.num_computed_tokens)
-        ids, pos, meta, _, _ = build_batch([ScheduledRequest(req, k)], block_size, p.device)
-        out.append(model.compute_logits(model(ids, pos, meta, caches)))
+        b = build_batch([ScheduledRequest(req, k)], block_size, p.device)
+        out.append(model.compute_logits(model(b.input_ids, b.positions, b.meta, caches)))
         req.num_computed_tokens += k
     return torch.cat(out)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .sampling import SamplingParams
+if TYPE_CHECKING:  # only a type here: the request stays torch-free plain Python
+    from .sampling import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -77,7 +78,9 @@ class Request:
     finish_reason: FinishReason | None = None
     block_ids: list[int] = field(default_factory=list)  # the KV blocks this request holds
     generator: Any = None  # torch.Generator, set by the engine
+    detokenizer: Any = None  # IncrementalDetokenizer, set by the engine when it has a tokenizer
     output_text: str = ""
+    num_speculative_tokens: int | None = None  # this request's k (adaptive speculation), None = the config's
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:

@@ -25,7 +25,9 @@ def schedule_step(running: list[Request], waiting: deque[Request], max_num_seqs:
     sched = ContinuousScheduler(max_num_seqs, max_num_batched_tokens, max_model_len=1 << 30, eos_token_id=-1)
     sched.running = running  # the same list objects: admissions land in the caller's queues
     sched.waiting = waiting
-    sched.free_slots = list(range(max(max_num_seqs - len(running), 0)))
+    for r in running:  # each holds a slot of an earlier call's scheduler: seat it in this one's
+        r.block_ids = []
+        sched.block_manager.grow(r, 1)
     sched.clock = lambda: float("inf")  # everything in ``waiting`` has arrived
     out = sched.schedule()
     return [(row.request, row.num_new_tokens) for row in out.rows]

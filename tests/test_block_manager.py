@@ -279,7 +279,7 @@ class FakeEngine:
             expect = [(r.request_id, p, t) for p, t in enumerate(r.all_token_ids[:end])]
             assert seen == expect, f"request {r.request_id} reads K/V that is not its own"
             if row.samples:
-                sampled[i] = fake_next_token([t for _, _, t in seen])
+                sampled[i] = [fake_next_token([t for _, _, t in seen])]
         finished = s.update(out, sampled, now=self.now)
         for r in finished:
             assert not r.block_ids and not bm.holds(r)

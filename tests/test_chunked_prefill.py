@@ -48,7 +48,7 @@ class Recorder:
         budget = s.max_num_batched_tokens
         now = self.engine.now
         running = list(s.running)
-        decoding = {r for r in running if s.is_decode(r)}
+        decoding = {r for r in running if not r.is_prefill}
         remaining = {r: r.num_tokens - r.num_computed_tokens for r in [*running, *s.waiting]}
         head = s.waiting[0] if s.waiting else None
         head_ready = (head is not None and head.arrival_time <= now and len(running) < s.max_num_seqs

@@ -18,7 +18,7 @@ import pytest
 
 from minillm import bench
 from minillm.config import EngineConfig, ModelConfig
-from minillm.engine import SCHEDULERS
+from minillm.scheduler import build_scheduler
 from minillm.metrics import (RunResult, StepRecord, format_table, kv_waste_fraction, max_concurrency, record_step,
                              summarize)
 from minillm.request import Request, RequestMetrics
@@ -36,7 +36,8 @@ def replay(workload, engine, max_num_seqs, **options):
     """The real scheduler of ``engine`` on ``workload``, no model: (steps, scheduler, requests)."""
     L = workload.default_max_model_len()
     cfg = EngineConfig(engine=engine, max_num_seqs=max_num_seqs, max_model_len=L, dummy_weights=True, **options)
-    sched, _, block_size = SCHEDULERS[engine](cfg, ModelConfig(), L, max(L, max_num_seqs))
+    rc = cfg.resolve(ModelConfig())
+    sched, block_size = build_scheduler(cfg, rc, ModelConfig().eos_token_id), rc.block_size
     reqs = [Request(w.request_id, list(w.prompt_token_ids), w.sampling_params(), arrival_time=0.0) for w in workload]
     for r in reqs:
         sched.add(r)
@@ -45,7 +46,7 @@ def replay(workload, engine, max_num_seqs, **options):
         k = len(steps)
         out = sched.schedule()
         assert out.rows, "the scheduler stalled"
-        sampled = {i: 7 for i, row in enumerate(out.rows) if row.samples}
+        sampled = {i: [7] for i, row in enumerate(out.rows) if row.samples}
         sched.update(out, sampled, now=k + 1.0)
         steps.append(record_step(k, float(k), k + 1.0, out, len(sampled), sched, block_size, PER_TOKEN))
     return steps, sched, reqs

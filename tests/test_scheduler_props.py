@@ -74,7 +74,7 @@ def run_scheduler(kind: str, w: dict, step_time: float = 1.0):
         admitted.extend(new)
         if kind == "static":
             assert len(sched.group) <= w["max_num_seqs"]
-        sampled = {i: 7 for i, row in enumerate(out.rows) if row.samples}
+        sampled = {i: [7] for i, row in enumerate(out.rows) if row.samples}
         start = clock[0]
         clock[0] += step_time
         sched.update(out, sampled, now=clock[0])
@@ -94,7 +94,9 @@ def test_invariants(kind, w):
         want = min(r.sampling_params.max_tokens, w["max_model_len"] - r.num_prompt_tokens)
         assert r.num_output_tokens == want, f"request {r.request_id}: {r.num_output_tokens} tokens, want {want}"
     assert admitted == [r.request_id for r in reqs], "requests were not admitted in arrival order (FCFS)"
-    assert sorted(sched.free_slots) == list(range(w["max_num_seqs"])), "KV slots leaked"
+    assert sched.block_manager.num_free_blocks == w["max_num_seqs"] and not sched.block_manager.tables, \
+        "KV slots leaked"
+    sched.block_manager.check_invariants()
     for s in steps:
         assert s.num_tokens <= s.token_slots
         assert s.kv_used_bytes <= s.kv_reserved_bytes

@@ -1,40 +1,38 @@
-"""What every scheduler shares: queues, the update after a step, stop checks.
+"""What every scheduler shares: queues, KV accounting, admission, the update after a step.
 
 A scheduler decides, each step, which requests run and how many new tokens each
 feeds (``schedule``), then folds the sampled tokens back in (``update``). It holds no
 tensors: only request counters and KV-space bookkeeping, so it is plain Python.
+
+Every scheduler keeps its KV space in a ``BlockManager``. The contiguous engines
+(static, continuous) are the special case of one block of ``max_model_len`` tokens per
+batch slot: admitting a request takes a whole region, used or not. The paged engine
+uses small blocks and grows a request's table as it writes (chapter 3).
 """
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable
 
-from ..model_runner import ScheduledRequest
+from ..block_manager import BlockManager
 from ..request import FinishReason, Request, RequestStatus
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    rows: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(r.num_new_tokens for r in self.rows)
+from .output import ScheduledRequest, SchedulerOutput
 
 
 class Scheduler:
-    """Base class: FCFS waiting queue, running list, the common update step."""
+    """Base class: FCFS waiting queue, running list, KV blocks, one admission, one update."""
 
     def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 eos_token_id: int, stop_checker: Callable[[Request], bool] | None = None):
+                 eos_token_id: int, num_blocks: int | None = None, block_size: int | None = None,
+                 watermark: float = 0.0):
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
-        self.stop_checker = stop_checker  # stop strings need the tokenizer: the engine supplies it
+        # Default: the contiguous layout, one max_model_len region per batch slot.
+        self.block_manager = BlockManager(num_blocks or max_num_seqs, block_size or max_model_len, watermark)
+        self.block_size = self.block_manager.block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.clock: Callable[[], float] = time.perf_counter
@@ -55,34 +53,66 @@ class Scheduler:
         """Raise ValueError if a prompt this long could never be scheduled (it would stall
         the queue). The engine checks the token budget; a scheduler adds its KV limits."""
 
-    # -- KV space: subclasses decide ------------------------------------------
-    def can_admit(self, request: Request) -> bool:
-        raise NotImplementedError
+    @property
+    def kv_holders(self) -> list[Request]:
+        """The requests holding KV space (metrics read this): the running ones, by default."""
+        return self.running
 
-    def allocate(self, request: Request) -> None:
-        raise NotImplementedError
+    # -- KV space and admission -------------------------------------------------
+    def can_admit(self, request: Request, num_new_tokens: int) -> bool:
+        """A batch slot, and KV blocks for the tokens ``request`` would feed now."""
+        return (len(self.kv_holders) < self.max_num_seqs and
+                self.block_manager.can_grow(request, request.num_computed_tokens + num_new_tokens, admit=True))
+
+    def admit(self, request: Request, num_new_tokens: int, out: SchedulerOutput, now: float) -> ScheduledRequest:
+        """The one way into the batch: the head of the queue starts running and gets a row."""
+        assert self.waiting[0] is request, "admission is first come, first served"
+        self.waiting.popleft()
+        request.status = RequestStatus.RUNNING
+        if request.metrics.first_scheduled_time is None:
+            request.metrics.first_scheduled_time = now
+        self.running.append(request)
+        return self.add_row(request, num_new_tokens, out)
+
+    def add_row(self, request: Request, num_new_tokens: int, out: SchedulerOutput) -> ScheduledRequest:
+        """Give ``request`` a row of ``num_new_tokens`` tokens, growing its blocks to cover them."""
+        self.block_manager.grow(request, request.num_computed_tokens + num_new_tokens)
+        row = ScheduledRequest(request, num_new_tokens)
+        out.rows.append(row)
+        return row
 
     def free(self, request: Request) -> None:
-        raise NotImplementedError
+        self.block_manager.free(request)
+
+    def rollback(self, request: Request) -> None:
+        """Give back the KV blocks past what ``request`` has computed: the rejected drafts'."""
+        self.block_manager.shrink(request, request.num_computed_tokens)
 
     def schedule(self) -> SchedulerOutput:
         raise NotImplementedError
 
     # -- after the forward ----------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: dict[int, int], now: float | None = None) -> list[Request]:
-        """Advance counters, append sampled tokens, finish and free. Returns finished requests.
+    def update(self, out: SchedulerOutput, emitted: dict[int, list[int]], now: float | None = None) -> list[Request]:
+        """Advance counters, append emitted tokens, finish and free. Returns finished requests.
 
-        ``sampled`` maps a row index of ``out.rows`` to the token it sampled.
+        ``emitted`` maps a row index of ``out.rows`` to the tokens that row produced:
+        one for a plain step; 1..k+1 after verifying k drafts (the accepted drafts, then
+        the target's own token). A row that emitted m tokens has K/V for its known
+        tokens and m - 1 accepted drafts: the last token is new, as after any sampling
+        step. Stops are checked on every token; the first one drops what follows.
         """
         now = self.clock() if now is None else now
         finished = []
         for i, row in enumerate(out.rows):
             r = row.request
-            r.num_computed_tokens += row.num_new_tokens
-            if i not in sampled:
-                continue
-            if self.append_token(r, sampled[i], now):
-                finished.append(r)
+            tokens = emitted.get(i, [])  # none: a prefill chunk short of the prompt's end
+            r.num_computed_tokens += row.num_known_tokens + max(len(tokens) - 1, 0)
+            for t in tokens:
+                if self.append_token(r, t, now):
+                    finished.append(r)
+                    break
+            if row.max_drafts and not r.is_finished:
+                self.rollback(r)
         for r in finished:
             self.running.remove(r)
             self.free(r)
@@ -95,19 +125,19 @@ class Scheduler:
         if m.first_token_time is None:
             m.first_token_time = now
         m.token_times.append(now)
-        reason = self.check_stop(r)
+        # The detokenizer sees every token (it builds the text), and says if a stop string appeared.
+        stop_string = r.detokenizer is not None and r.detokenizer.add_token(token)
+        reason = self.check_stop(r, stop_string)
         if reason is not None:
             r.finish(reason, now)
         return reason is not None
 
-    def check_stop(self, r: Request) -> FinishReason | None:
+    def check_stop(self, r: Request, stop_string: bool = False) -> FinishReason | None:
         p = r.sampling_params
         tok = r.output_token_ids[-1]
         if not p.ignore_eos and tok == self.eos_token_id:
             return FinishReason.STOP
-        if tok in p.stop_token_ids:
-            return FinishReason.STOP
-        if p.stop and self.stop_checker is not None and self.stop_checker(r):
+        if tok in p.stop_token_ids or stop_string:
             return FinishReason.STOP
         if r.num_output_tokens >= p.max_tokens or r.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH

@@ -40,14 +40,21 @@ How a step spends its token budget (``max_num_batched_tokens``) is the switch
 A recompute longer than the whole budget (its prompt fit the budget, prompt + outputs
 may not) is fed in chunks in both modes, or it could never run again.
 
+Speculative decoding (chapter 5) asks one more thing of the scheduler: after the
+rows are planned, each decoding row may get a *lookahead* of up to k drafted tokens
+(``ScheduledRequest.max_drafts``), within what is left of the token budget and only
+in free blocks (drafts never preempt anyone). The blocks are reserved here, before
+anyone drafts; ``update`` gives back those of rejected drafts (``rollback``).
+
 The continuous scheduler (chapter 2) has a third policy: decodes plus whole admitted
 prompts in one forward, never chunked. Only this scheduler has the on/off switch.
 """
 from __future__ import annotations
 
-from ..block_manager import BlockManager, blocks_needed, min_num_blocks
-from ..model_runner import ScheduledRequest
+from ..block_manager import blocks_needed, min_num_blocks
+from ..config import SpeculativeConfig
 from ..request import Request, RequestStatus
+from ..spec import policy
 from .base import Scheduler, SchedulerOutput
 
 
@@ -56,15 +63,16 @@ class PagedScheduler(Scheduler):
 
     def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  eos_token_id: int, num_blocks: int, block_size: int, watermark: float = 0.0,
-                 enable_chunked_prefill: bool = False, stop_checker=None):
-        super().__init__(max_num_seqs, max_num_batched_tokens, max_model_len, eos_token_id, stop_checker)
+                 enable_chunked_prefill: bool = False, speculative: SpeculativeConfig | None = None):
         need = min_num_blocks(max_model_len, block_size)
         if num_blocks < need:  # else a lone request could outgrow the cache: no progress, ever
             raise ValueError(f"num_blocks={num_blocks} cannot hold one request of max_model_len={max_model_len} "
                              f"tokens in blocks of {block_size}: give at least {need} blocks")
-        self.block_manager = BlockManager(num_blocks, block_size, watermark)
-        self.block_size = block_size
+        super().__init__(max_num_seqs, max_num_batched_tokens, max_model_len, eos_token_id, num_blocks,
+                         block_size, watermark)
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.speculative = speculative
+        self.overcommitted = False  # a preemption happened: admit nobody until a request finishes
 
     def check_fits(self, num_prompt_tokens: int) -> None:
         # The prompt plus the first sampled token must fit the whole cache, or the
@@ -76,17 +84,6 @@ class PagedScheduler(Scheduler):
                 f"of {self.block_size} tokens, but the whole KV cache has {self.block_manager.num_blocks}: "
                 "shorten the prompt or give the engine more num_blocks / kv_cache_bytes")
 
-    # -- KV space ----------------------------------------------------------------
-    def can_admit(self, request: Request) -> bool:
-        return len(self.running) < self.max_num_seqs
-
-    def allocate(self, request: Request, num_tokens: int | None = None) -> None:
-        """Grow ``request``'s block table to cover ``num_tokens`` tokens (default: all it knows)."""
-        self.block_manager.grow(request, request.num_tokens if num_tokens is None else num_tokens)
-
-    def free(self, request: Request) -> None:
-        self.block_manager.free(request)
-
     def preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's K/V and requeue it at the front."""
         self.running.remove(request)
@@ -96,33 +93,30 @@ class PagedScheduler(Scheduler):
         request.metrics.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
+        self.overcommitted = True
+
+    def update(self, out, emitted, now=None):
+        finished = super().update(out, emitted, now)
+        if finished or not self.running:  # blocks came back: admissions may resume
+            self.overcommitted = False
+        return finished
 
     # -- one step ----------------------------------------------------------------
-    def _new_tokens(self, request: Request, budget: int, may_chunk: bool) -> int:
-        """Tokens ``request`` feeds this step: all it has not computed, a chunk, or 0 (wait)."""
-        n = request.num_tokens - request.num_computed_tokens
-        if n <= budget:
-            return n
-        return budget if may_chunk else 0
-
-    @staticmethod
-    def is_decode(request: Request) -> bool:
-        """One token left to feed: the token it sampled last (or a prompt's last token)."""
-        return request.num_tokens - request.num_computed_tokens == 1
-
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         if self.enable_chunked_prefill:  # decodes first, prefill chunks in what is left
             budget = self._schedule_decodes(out, budget)
-            self._schedule_prefills(out, budget)
+            budget = self._schedule_prefills(out, budget)
         else:  # all-prefill or all-decode: prefills win whenever one can run
-            self._schedule_prefills(out, budget)
+            budget = self._schedule_prefills(out, budget)
             if not out.rows:
-                self._schedule_decodes(out, budget)
+                budget = self._schedule_decodes(out, budget)
+        if self.speculative is not None:
+            self._reserve_lookahead(out, budget)
         return out
 
-    def _make_room(self, r: Request, num_tokens: int, out: SchedulerOutput, scheduled: set) -> bool:
+    def _make_room(self, r: Request, num_tokens: int, out: SchedulerOutput) -> bool:
         """Preempt from the END of ``running`` until ``r``'s table can cover ``num_tokens``.
 
         Victims are the newest requests without a row this step, so no row is ever
@@ -131,7 +125,7 @@ class PagedScheduler(Scheduler):
         """
         while not self.block_manager.can_grow(r, num_tokens):
             victim = self.running[-1]
-            if victim in scheduled:
+            if any(row.request is victim for row in out.rows):
                 return False
             self.preempt(victim)
             out.preempted.append(victim)
@@ -139,24 +133,19 @@ class PagedScheduler(Scheduler):
                 return False
         return True
 
-    def _add_row(self, out: SchedulerOutput, scheduled: set, r: Request, n: int) -> None:
-        self.allocate(r, r.num_computed_tokens + n)
-        out.rows.append(ScheduledRequest(r, n))
-        scheduled.add(r)
-
     def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
         """One token for every running request that is decoding, oldest first. Returns the budget left."""
         scheduled = {row.request for row in out.rows}
         i = 0
         while i < len(self.running) and budget > 0:
             r = self.running[i]
-            if r not in scheduled and self.is_decode(r):
-                if not self._make_room(r, r.num_computed_tokens + 1, out, scheduled):
+            if r not in scheduled and not r.is_prefill:
+                if not self._make_room(r, r.num_computed_tokens + 1, out):
                     if r.status is not RequestStatus.RUNNING:
                         break  # r preempted itself: every request after it is already gone
                     i += 1
                     continue
-                self._add_row(out, scheduled, r, 1)
+                self.add_row(r, 1, out)
                 budget -= 1
             i += 1
         return budget
@@ -172,42 +161,56 @@ class PagedScheduler(Scheduler):
         i = 0
         while i < len(self.running) and budget > 0:
             r = self.running[i]
-            if r in scheduled or self.is_decode(r):
+            if r in scheduled or not r.is_prefill:
                 i += 1
                 continue
             n = min(r.num_tokens - r.num_computed_tokens, budget)  # already running: always a chunk
-            if not self._make_room(r, r.num_computed_tokens + n, out, scheduled):
+            if not self._make_room(r, r.num_computed_tokens + n, out):
                 if r.status is not RequestStatus.RUNNING:
                     break
                 # The requests after it all have rows: a shorter chunk in the blocks left, or none.
                 room = (len(r.block_ids) + self.block_manager.num_free_blocks) * self.block_size
                 n = max(min(n, room - r.num_computed_tokens), 0)
             if n:
-                self._add_row(out, scheduled, r, n)
+                self.add_row(r, n, out)
                 budget -= n
             i += 1
 
-        # Admit waiting requests in arrival order. Not in a step that had to preempt:
-        # memory is short, and a preempted request would just be swapped for another.
-        bm = self.block_manager
+        # Admit waiting requests in arrival order. Not after a preemption until a request
+        # has finished (or nothing runs): memory is overcommitted, and a request admitted
+        # now would only be preempted again a few steps later, its prefill wasted (thrash).
         now = self.clock()
-        while (not out.preempted and budget > 0 and self.waiting and self.can_admit(self.waiting[0])
-               and self.arrived(self.waiting[0], now)):
+        while not (self.overcommitted and self.running) and budget > 0 and self.waiting and self.arrived(self.waiting[0], now):
             r = self.waiting[0]
+            left = r.num_tokens - r.num_computed_tokens
             # A resumed request may have to recompute more tokens than the whole budget
             # (its prompt fit, prompt + outputs need not): it is fed in chunks, or it
             # could never run again.
-            too_long = r.num_tokens - r.num_computed_tokens > self.max_num_batched_tokens
-            n = self._new_tokens(r, budget, may_chunk=self.enable_chunked_prefill or too_long)
-            if n == 0:
+            may_chunk = self.enable_chunked_prefill or left > self.max_num_batched_tokens
+            n = left if left <= budget else (budget if may_chunk else 0)
+            if n == 0 or not self.can_admit(r, n):
                 break  # FCFS: the head waits for a roomier step, nobody jumps the queue
-            if not bm.can_grow(r, r.num_computed_tokens + n, admit=True):
-                break
-            self.waiting.popleft()
-            r.status = RequestStatus.RUNNING
-            if r.metrics.first_scheduled_time is None:
-                r.metrics.first_scheduled_time = now
-            self.running.append(r)
-            self._add_row(out, scheduled, r, n)
+            self.admit(r, n, out, now)
             budget -= n
         return budget
+
+    def _reserve_lookahead(self, out: SchedulerOutput, budget: int) -> None:
+        """Speculative decoding: how many drafts each decoding row may carry, blocks included.
+
+        Drafts fill what is left of the token budget, and only free blocks: they never
+        preempt anyone. Nobody drafts while the batch is at the off switch's size.
+        """
+        spec = self.speculative
+        decoding = [row for row in out.rows if row.samples and row.num_known_tokens == 1]
+        if not decoding or not policy.speculation_enabled(len(self.running), spec.disable_by_batch_size):
+            return
+        for row in decoding:
+            r = row.request
+            k = spec.num_speculative_tokens if r.num_speculative_tokens is None else r.num_speculative_tokens
+            k = policy.num_drafts_allowed(k, r.num_output_tokens, r.sampling_params.max_tokens, r.num_tokens,
+                                          self.max_model_len, budget)
+            while k > 0 and not self.block_manager.can_grow(r, r.num_tokens + k):
+                k -= 1
+            self.block_manager.grow(r, r.num_tokens + k)
+            row.max_drafts = k
+            budget -= k

@@ -19,22 +19,13 @@ step's record (``padded_width`` of the output), which is what slot utilization m
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ..model_runner import ScheduledRequest
-from ..request import Request, RequestStatus
+from ..request import Request
 from .base import Scheduler, SchedulerOutput
-
-
-@dataclass(slots=True)
-class StaticSchedulerOutput(SchedulerOutput):
-    padded_width: int = 1  # the padded batch is [max_num_seqs, padded_width]
 
 
 class StaticScheduler(Scheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.free_slots = list(range(self.max_num_seqs - 1, -1, -1))  # a stack: lowest slot first
         self.group: list[Request] = []  # the batch in flight, finished members included
 
     @property
@@ -42,61 +33,50 @@ class StaticScheduler(Scheduler):
         """Every request holding a KV region: the whole group until its last member ends."""
         return self.group
 
-    def can_admit(self, request: Request) -> bool:
-        return bool(self.free_slots) and len(self.group) < self.max_num_seqs
-
-    def allocate(self, request: Request) -> None:
-        request.block_ids = [self.free_slots.pop()]
-
     def free(self, request: Request) -> None:
         pass  # a finished member keeps its slot until the whole group is done (see _release_group)
 
     def abort(self, request: Request) -> None:
         super().abort(request)
         if request in self.group:
-            self._give_back(request)
             self.group.remove(request)
+            self._give_back(request)
 
     def _give_back(self, request: Request) -> None:
-        if request.block_ids:
-            self.free_slots.append(request.block_ids.pop())
+        if self.block_manager.holds(request):
+            self.block_manager.free(request)
 
     def _release_group(self) -> None:
         for r in self.group:
             self._give_back(r)
         self.group = []
 
-    def update(self, out, sampled, now=None):
-        finished = super().update(out, sampled, now)
+    def update(self, out, emitted, now=None):
+        finished = super().update(out, emitted, now)
         if self.group and not self.running:  # the last member finished: the barrel is empty
             self._release_group()
         return finished
 
-    def schedule(self) -> StaticSchedulerOutput:
-        out = StaticSchedulerOutput()
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
         if self.group and not self.running:  # (after an abort) nobody left to wait for
             self._release_group()
         if self.group:  # one decode token for each member still generating
-            out.rows = [ScheduledRequest(r, 1) for r in self.running]
+            for r in self.running:
+                self.add_row(r, 1, out)
+            out.padded_width = 1
             return out
         # Form the next group: the oldest arrived requests, while their prompts fit the
         # token budget of one forward (the varlen forward computes real tokens only).
         now = self.clock()
-        width = budget = 0
-        while self.waiting and self.can_admit(self.waiting[0]) and self.arrived(self.waiting[0], now):
+        budget = self.max_num_batched_tokens
+        while self.waiting and self.arrived(self.waiting[0], now):
             r = self.waiting[0]
             n = r.num_tokens - r.num_computed_tokens
-            if budget + n > self.max_num_batched_tokens:
+            if n > budget or not self.can_admit(r, n):
                 break
-            budget += n
-            self.waiting.popleft()
-            self.allocate(r)
-            r.status = RequestStatus.RUNNING
-            if r.metrics.first_scheduled_time is None:
-                r.metrics.first_scheduled_time = now
+            self.admit(r, n, out, now)
             self.group.append(r)
-            self.running.append(r)
-            out.rows.append(ScheduledRequest(r, n))
-            width = max(width, n)
-        out.padded_width = max(width, 1)
+            budget -= n
+        out.padded_width = max((row.num_new_tokens for row in out.rows), default=1)
         return out

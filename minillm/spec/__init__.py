@@ -5,35 +5,29 @@
 - ``exactness``: the test that speculative decoding leaves the target distribution
   unchanged (exact enumeration on toy models, and a sampling test);
 - ``drafters``: the engine's drafters (n-gram, and a model with its own KV cache);
-- ``verify``: the engine step -- propose, one verifying forward, rejection sampling,
-  roll-back of rejected tokens' KV -- and the counters (``SpecStats``);
+- ``speculator``: the engine's side -- propose drafts in the lookahead the scheduler
+  reserved, verify them after the one forward -- and the counters (``SpecStats``);
 - ``policy``: adaptive k, the off switch under load, the speedup model;
 - ``prompts``, ``measure``: the grounded / open workloads and timing helpers of chapter 5.
-"""
-from .ngram import NgramProposer
-from .rejection_sampler import (
-    acceptance_probability,
-    acceptance_rate,
-    draft_probs_from_logits,
-    emit_tokens,
-    expected_num_emitted,
-    rejection_sample,
-    rejection_sample_ref,
-    residual_distribution,
-    target_probs_from_logits,
-    verify_probs,
-)
 
-__all__ = [
-    "NgramProposer",
-    "acceptance_probability",
-    "acceptance_rate",
-    "draft_probs_from_logits",
-    "emit_tokens",
-    "expected_num_emitted",
-    "rejection_sample",
-    "rejection_sample_ref",
-    "residual_distribution",
-    "target_probs_from_logits",
-    "verify_probs",
-]
+Submodules are imported on first use, so the torch-free ``policy`` can be read by the
+scheduler without importing torch.
+"""
+import importlib
+
+_EXPORTS = {
+    "NgramProposer": "ngram",
+    **{name: "rejection_sampler" for name in (
+        "acceptance_probability", "acceptance_rate", "draft_probs_from_logits", "emit_tokens",
+        "expected_num_emitted", "rejection_sample", "rejection_sample_ref", "residual_distribution",
+        "target_probs_from_logits", "verify_probs")},
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

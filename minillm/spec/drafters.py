@@ -27,9 +27,10 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig, SpeculativeConfig
-from ..model_runner import ModelRunner, ScheduledRequest
+from ..model_runner import ModelRunner
 from ..request import Request
 from ..sampling import sample_from_probs
+from ..scheduler.output import ScheduledRequest, SchedulerOutput
 from .ngram import NgramProposer
 from .rejection_sampler import draft_probs_from_logits
 
@@ -137,7 +138,7 @@ class ModelDrafter:
             # last step (or the whole context of a request new to the drafter), then the
             # previous draft. Every row samples.
             rows = [ScheduledRequest(seqs[i], seqs[i].num_tokens - seqs[i].num_computed_tokens) for i in active]
-            logits, _ = self.runner.execute(rows)  # [A, V]
+            logits = self.runner.execute(SchedulerOutput(rows)).logits  # [A, V]
             self.num_forwards += 1
             params = [requests[i].sampling_params for i in active]
             q = draft_probs_from_logits(logits[:, None], params)[:, 0]  # [A, V]: exactly what we sample from

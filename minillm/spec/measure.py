@@ -14,10 +14,10 @@ from typing import Any, Sequence
 
 import torch
 
-from .. import device as device_rules
-from ..model_runner import ScheduledRequest
+from .. import placement
 from ..request import Request
 from ..sampling import SamplingParams
+from ..scheduler.output import ScheduledRequest, SchedulerOutput
 
 
 def timed_run(engine, prompts: Sequence[Sequence[int]], params: SamplingParams) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def timed_run(engine, prompts: Sequence[Sequence[int]], params: SamplingParams) 
         engine.speculator.reset_stats()
     steps_before = len(engine.step_records)
     requests = [engine.make_request(list(p), params) for p in prompts]
-    device_rules.synchronize(engine.device)
+    placement.synchronize(engine.device)
     start = time.perf_counter()
     outs = engine.run(requests)
     wall = time.perf_counter() - start
@@ -60,14 +60,15 @@ def forward_cost(runner, num_tokens: Sequence[int], context: int = 128, batch: i
             r = Request(f"cost{b}", [100 + (i % 1000) for i in range(context + 1)], SamplingParams())
             r.block_ids = list(range(b * blocks, (b + 1) * blocks))
             r.num_computed_tokens = context
-            rows.append(ScheduledRequest(r, n, spec_token_ids=[7] * (n - 1)))
-        runner.execute(rows)  # warm-up
+            rows.append(ScheduledRequest(r, 1, spec_token_ids=[7] * (n - 1)))
+        step = SchedulerOutput(rows)
+        runner.execute(step)  # warm-up
         times = []
         for _ in range(repeats):
-            device_rules.synchronize(runner.device)
+            placement.synchronize(runner.device)
             t = time.perf_counter()
-            runner.execute(rows)
-            device_rules.synchronize(runner.device)
+            runner.execute(step)
+            placement.synchronize(runner.device)
             times.append(time.perf_counter() - t)
         out[n] = sorted(times)[len(times) // 2]
     return out

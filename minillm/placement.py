@@ -1,4 +1,4 @@
-"""The one place that decides device, dtype and attention backend.
+"""Placement: the one place that decides device, dtype and attention backend.
 
 Rules: CUDA when present (bf16, Triton kernels); otherwise the CPU in fp32 with the
 readable torch attention. The Triton backend also runs on the CPU under the Triton

@@ -1,0 +1,191 @@
+"""Speculative decoding inside the paged engine: propose drafts, verify them after the forward.
+
+One engine step with speculation is the plain step with two more calls:
+
+    1. schedule     the paged scheduler plans the rows, and gives each decoding row a
+                    lookahead (``max_drafts``): k for this request (adaptive), cut by
+                    max_tokens, max_model_len, the token budget left and the free
+                    blocks, which it reserves now (``PagedScheduler._reserve_lookahead``)
+    2. propose      the drafter fills ``row.spec_token_ids`` (at most ``max_drafts``)
+    3. forward      ONE target forward: each row feeds its known token + its drafts and
+                    gets k + 1 logits rows
+    4. verify       ``rejection_sample`` turns them into 1..k+1 tokens per row, exactly
+                    distributed as the target's samples
+    5. update       the scheduler's one ``update``: tokens appended with stop checks on
+                    each, and the blocks of rejected drafts given back (``rollback``)
+
+So the speculator owns no KV space and no model runner: it drafts into the space the
+scheduler reserved and verifies the logits the runner handed back.
+
+Random numbers: row by row, each request draws only from its own generator, and a
+request with s drafts always draws s uniforms and V exponentials, so its stream does
+not depend on what else is in the batch.
+"""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..config import SpeculativeConfig
+from ..model_runner import ModelOutput
+from ..request import Request
+from ..sampling import sample
+from ..scheduler.output import SchedulerOutput
+from . import policy
+from .rejection_sampler import rejection_sample, target_probs_from_logits
+
+RejectionSampler = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class SpecStats:
+    """Counters of a speculative engine (``engine.spec_stats``), read by the benchmark."""
+
+    target_forwards: int = 0  # every forward of the target model, speculative or not
+    draft_forwards: int = 0  # forwards of the draft model (0 for n-gram)
+    spec_steps: int = 0  # target forwards that verified at least one draft
+    num_drafts: int = 0  # drafted tokens sent to verification
+    num_accepted: int = 0  # ... of which the target accepted
+    num_checked: int = 0  # drafts the walk reached: accepted ones + the first rejected one
+    verify_rows: int = 0  # (request, forward) pairs that verified >= 1 draft
+    decode_rows: int = 0  # (request, forward) pairs in which a request decoded, drafts or not
+    decode_tokens: int = 0  # tokens emitted by those rows
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """alpha, the chance that one draft is accepted: accepted / drafts the walk reached.
+
+        Verification stops at the first rejection, so the drafts after it are never
+        judged; counting them (``draft_acceptance_ratio``) biases alpha low: with
+        alpha = 0.8 and k = 4 that ratio reads about 0.59. Counting each verification's
+        accepted drafts plus its one rejection (if any) is the estimator the formula
+        E[tokens] = (1 - alpha^(k+1)) / (1 - alpha) needs.
+        """
+        return self.num_accepted / self.num_checked if self.num_checked else None
+
+    @property
+    def draft_acceptance_ratio(self) -> float | None:
+        """Accepted drafts / all drafts sent (what share of the drafting work was kept)."""
+        return self.num_accepted / self.num_drafts if self.num_drafts else None
+
+    @property
+    def mean_accepted_tokens(self) -> float | None:
+        """Accepted drafts per verification of one request."""
+        return self.num_accepted / self.verify_rows if self.verify_rows else None
+
+    @property
+    def tokens_per_target_forward(self) -> float | None:
+        """Tokens a decoding request gains per target forward (1.0 without speculation)."""
+        return self.decode_tokens / self.decode_rows if self.decode_rows else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(acceptance_rate=self.acceptance_rate, draft_acceptance_ratio=self.draft_acceptance_ratio,
+                    mean_accepted_tokens=self.mean_accepted_tokens, num_checked=self.num_checked,
+                    tokens_per_target_forward=self.tokens_per_target_forward,
+                    target_forwards=self.target_forwards, draft_forwards=self.draft_forwards,
+                    spec_steps=self.spec_steps, num_drafts=self.num_drafts, num_accepted=self.num_accepted,
+                    verify_rows=self.verify_rows, decode_rows=self.decode_rows, decode_tokens=self.decode_tokens)
+
+
+class Speculator:
+    """Drafting and verification for one paged engine (no KV space, no runner of its own)."""
+
+    def __init__(self, config: SpeculativeConfig, drafter: Any):
+        self.config = config
+        self.drafter = drafter
+        self.stats = SpecStats()
+        self.rejection_sampler: RejectionSampler = rejection_sample  # the exactness test swaps in a wrong one
+        self.requests: dict[Request, deque] = {}  # recent (drafts, accepted) per request, for adaptive k
+
+    def reset_stats(self) -> None:
+        """Start the counters afresh (e.g. after a warm-up run)."""
+        self.stats = SpecStats()
+
+    # -- 2. propose ----------------------------------------------------------------
+    def propose(self, out: SchedulerOutput) -> int:
+        """Fill each row's reserved lookahead with drafts. Returns the number of drafts."""
+        rows = [row for row in out.rows if row.max_drafts > 0]
+        if not rows:
+            return 0
+        before = self.drafter.num_forwards
+        drafts, probs = self.drafter.propose([row.request for row in rows], [row.max_drafts for row in rows])
+        self.stats.draft_forwards += self.drafter.num_forwards - before
+        for j, (row, d) in enumerate(zip(rows, drafts)):
+            row.spec_token_ids = list(d)
+            if probs is not None and d:
+                row.draft_probs = probs[j]
+        return sum(len(d) for d in drafts)
+
+    # -- 4. verify ---------------------------------------------------------------------
+    def verify(self, out: SchedulerOutput, model_out: ModelOutput) -> dict[int, list[int]]:
+        """Rejection-sample every sampling row -> row index -> emitted tokens.
+
+        Rows are grouped by their number of drafts s, so each group is one batched call.
+        """
+        self.stats.target_forwards += 1
+        logits = model_out.logits
+        groups: dict[int, list[tuple[int, int]]] = defaultdict(list)  # s -> [(row index, first logits row)]
+        for i, offset in zip(model_out.rows, model_out.offsets):
+            groups[len(out.rows[i].spec_token_ids)].append((i, offset))
+        emitted: dict[int, list[int]] = {}
+        for s, members in groups.items():
+            rows = [out.rows[i] for i, _ in members]
+            params = [row.request.sampling_params for row in rows]
+            gens = [row.request.generator for row in rows]
+            index = torch.tensor([[o + j for j in range(s + 1)] for _, o in members], device=logits.device)
+            if s == 0:  # nothing to verify: the plain sampler
+                tokens = sample(logits[index[:, 0]], params, gens)
+                for (i, _), t in zip(members, tokens.tolist()):
+                    emitted[i] = [t]
+                continue
+            p = target_probs_from_logits(logits[index], params)  # [G, s+1, V]
+            d = torch.tensor([row.spec_token_ids for row in rows], device=logits.device)  # [G, s]
+            q = None if self.drafter.deterministic else torch.stack([row.draft_probs for row in rows])
+            tokens, num = self.rejection_sampler(d, q, p, gens)  # [G, s+1], [G]
+            for (i, _), toks, n in zip(members, tokens.tolist(), num.tolist()):
+                emitted[i] = toks[:n]
+        self._count(out, emitted)
+        return emitted
+
+    def _count(self, out: SchedulerOutput, emitted: dict[int, list[int]]) -> None:
+        st = self.stats
+        for i, toks in emitted.items():
+            row = out.rows[i]
+            if row.num_known_tokens != 1:  # a prefill's first token: not a decode
+                continue
+            st.decode_rows += 1
+            st.decode_tokens += len(toks)
+            s = len(row.spec_token_ids)
+            if s:
+                st.verify_rows += 1
+                st.num_drafts += s
+                st.num_accepted += len(toks) - 1
+                st.num_checked += min(len(toks), s)  # accepted drafts, and the rejected one if the walk stopped early
+                history = self.requests.setdefault(row.request, deque(maxlen=policy.HISTORY))
+                history.append((s, len(toks) - 1))
+                if self.config.adaptive:
+                    r = row.request
+                    k = self.config.num_speculative_tokens if r.num_speculative_tokens is None \
+                        else r.num_speculative_tokens
+                    r.num_speculative_tokens = policy.next_num_speculative_tokens(
+                        k, policy.recent_acceptance(history), self.config.num_speculative_tokens)
+        st.spec_steps += any(out.rows[i].spec_token_ids for i in emitted)
+
+    # -- after the scheduler's update -----------------------------------------------------
+    def finish_step(self, out: SchedulerOutput, finished: list[Request]) -> None:
+        """The drafter forgets rejected drafts' K/V, and finished requests altogether."""
+        for row in out.rows:
+            if row.spec_token_ids:
+                self.drafter.rollback(row.request)
+        for r in finished:
+            self.forget(r)
+
+    def forget(self, request: Request) -> None:
+        self.requests.pop(request, None)
+        self.drafter.forget(request)
+
+
+__all__ = ["SpecStats", "Speculator"]
