@@ -24,20 +24,33 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
+# JupyterLab on chapters/, headless: it prints the URL (with its token) to open. It listens on
+# this machine only; `make lab LAB_PORT=8890` moves it, LAB_IP=0.0.0.0 opens it to the network
+# (what a container's port mapping needs). As root (containers, cloud notebooks) minillm/lab.py
+# adds --allow-root, without which jupyter refuses to start there.
+LAB_IP   ?= 127.0.0.1
+LAB_PORT ?= 8888
+
 lab: setup
-	$(PY) -m jupyter lab chapters/
+	$(PY) minillm/lab.py --ip $(LAB_IP) --port $(LAB_PORT) --root-dir chapters
+
+# Seconds one notebook cell may run before nbval interrupts it and fails, naming the cell:
+# a hung kernel then fails the run in minutes (nbval's own default is 2000 s). The slowest
+# cells are the CPU benchmark sweeps: chapter 2's batch-size sweep took 262 s on 2 cores
+# shared with other jobs (load 6-7), so 600 s leaves them twice that.
+NBVAL_CELL_TIMEOUT ?= 600
 
 # The Python tests (exercise tests graded against solutions/: the shipped reference),
 # then every chapter executed top to bottom. Learners grade their own work with `make grade`.
 test: setup
 	MINILLM_IMPL=solutions $(PY) -m pytest tests
-	$(PY) -m pytest --nbval-lax chapters/
+	$(PY) -m pytest --nbval-lax --nbval-cell-timeout=$(NBVAL_CELL_TIMEOUT) chapters/
 
 test-fast: setup
 	MINILLM_IMPL=solutions $(PY) -m pytest tests -m "not slow"
 
 test-notebooks: setup
-	$(PY) -m pytest --nbval-lax chapters/
+	$(PY) -m pytest --nbval-lax --nbval-cell-timeout=$(NBVAL_CELL_TIMEOUT) chapters/
 
 grade: setup
 	@$(PY) tests/grade.py $(CHAPTER)
