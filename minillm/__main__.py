@@ -14,7 +14,7 @@ def _generate_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", help="the prompt text")
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt as a user message in the model's chat template")
-    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--system", default=None, help="system message (needs --chat)")
     p.add_argument("--max-tokens", type=int, default=256, help="most new tokens (default 256)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy, deterministic (default); higher = more random")
@@ -30,6 +30,10 @@ def _generate_parser() -> argparse.ArgumentParser:
 
 def generate(argv: list[str]) -> int:
     args = _generate_parser().parse_args(argv)
+    if args.system is not None and not args.chat:
+        # Without the chat template there is no place for a system message: say so, do not drop it.
+        raise ValueError("--system needs --chat (the system message goes into the chat template): "
+                         "add --chat, or drop --system")
     from .engine import LLM
     from .sampling import SamplingParams
 

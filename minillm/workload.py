@@ -189,6 +189,55 @@ WORKLOADS = {"uniform": _uniform_lengths, "skewed": _skewed_lengths, "chat": _ch
 CHAT_TASK_WORKLOADS = ("grounded", "open")  # prompts are chat tasks, not passage + question
 
 
+@dataclass(frozen=True, slots=True)
+class ParamRule:
+    """A length-mix parameter: an integer (``kind=int``) or any real number (``float``), >= ``low``
+    (> ``low`` when ``strict``)."""
+
+    kind: type
+    low: float
+    strict: bool = False
+
+    def check(self, workload: str, name: str, value: Any) -> None:
+        ok = not isinstance(value, bool) and isinstance(value, int if self.kind is int else (int, float))
+        ok = ok and not (isinstance(value, float) and not math.isfinite(value))
+        ok = ok and (value > self.low if self.strict else value >= self.low)
+        if not ok:
+            what = "an integer" if self.kind is int else "a number"
+            bound = f"{'>' if self.strict else '>='} {self.low:g}"
+            raise ValueError(f"workload {workload!r}: {name} must be {what} {bound}, got {value!r}")
+
+
+_COUNT, _TOKENS, _SECONDS = ParamRule(int, 1), ParamRule(int, 1), ParamRule(float, 0)
+# Each length function's parameters (names must match its signature). A wrong value would
+# otherwise surface as an empty range deep in ``random`` that names no parameter, or pass
+# silently (2.5 tokens). The lows keep every drawn length >= 1: uniform draws prompts from
+# [max(4, 3p/4), 5p/4], which needs p >= 4; skewed from [max(4, p/2), 3p/2], p >= 3.
+WORKLOAD_PARAMS: dict[str, dict[str, ParamRule]] = {
+    "uniform": {"prompt_len": ParamRule(int, 4), "output_len": _TOKENS},
+    "skewed": {"short_tokens": _TOKENS, "long_tokens": _TOKENS, "long_every": _COUNT,
+               "prompt_len": ParamRule(int, 3)},
+    "chat": {"prompt_median": ParamRule(float, 0, strict=True), "output_median": ParamRule(float, 0, strict=True),
+             "max_prompt": _TOKENS, "max_output": _TOKENS},
+    "long-prompt-arrival": {"short_prompt": _TOKENS, "short_output": _TOKENS, "num_long": _COUNT,
+                            "long_prompt": _TOKENS, "long_output": _TOKENS, "first_arrival_s": _SECONDS,
+                            "arrival_gap_s": _SECONDS},
+    "grounded": {"output_len": _TOKENS},
+    "open": {"output_len": _TOKENS},
+}
+
+
+def check_workload_params(name: str, params: dict[str, Any]) -> None:
+    """Reject an unknown parameter of workload ``name``, or a value of the wrong type or range."""
+    rules = WORKLOAD_PARAMS[name]
+    unknown = sorted(set(params) - set(rules))
+    if unknown:
+        raise ValueError(f"bad parameter for workload {name!r}: unknown {', '.join(unknown)}; "
+                         f"valid parameters: {', '.join(rules)}")
+    for key, value in params.items():
+        rules[key].check(name, key, value)
+
+
 # -- prompts --------------------------------------------------------------------------
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -229,6 +278,7 @@ def make_workload(name: str, num_requests: int, seed: int = 0, tokenizer=None, *
         raise ValueError("arrival='poisson' needs rate > 0 (requests per second)")
     if arrival == "offline" and rate:
         arrival = "poisson"  # a rate given means the caller wants arrivals spread out
+    check_workload_params(name, params)
     try:
         prompt_lens, output_lens, *scripted = WORKLOADS[name](random.Random(f"{name}:{seed}:lengths"),
                                                               num_requests, **params)
@@ -269,5 +319,5 @@ def workload_from_lengths(prompt_lens: Sequence[int], output_lens: Sequence[int]
     return Workload("custom", seed, "offline" if not any(times) else "custom", None, reqs)
 
 
-__all__ = ["Workload", "WorkloadRequest", "WORKLOADS", "ARRIVALS", "PROMPTS", "make_workload",
-           "workload_from_lengths"]
+__all__ = ["Workload", "WorkloadRequest", "WORKLOADS", "WORKLOAD_PARAMS", "ARRIVALS", "PROMPTS", "make_workload",
+           "workload_from_lengths", "check_workload_params"]

@@ -35,3 +35,39 @@ def test_help_lists_the_options():
     for opt in ("--chat", "--max-tokens", "--temperature", "--top-p", "--seed"):
         assert opt in r.stdout
     assert run().returncode != 0 and "generate" in run("--help").stdout
+
+
+def test_system_without_chat_is_an_error():
+    # Before: --system was dropped without a word (there is no template to put it in).
+    r = run("generate", "hi", "--system", "Answer in French.", "--max-tokens", "2")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--system" in lines[0] and "--chat" in lines[0], r.stderr
+    assert r.stdout == ""
+
+
+def _bench_fails_before_running(argv, monkeypatch, capsys):
+    from minillm import bench
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the benchmark ran before its arguments were checked")
+
+    monkeypatch.setattr(bench, "run_benchmark", must_not_run)
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv + ["--dummy-weights", "--num-requests", "2"])
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_bench_json_path_is_checked_before_the_run(tmp_path, monkeypatch, capsys):
+    err = _bench_fails_before_running(["--json", str(tmp_path)], monkeypatch, capsys)
+    assert "--json" in err and "is a directory" in err
+    err = _bench_fails_before_running(["--json", str(tmp_path / "missing" / "out.json")], monkeypatch, capsys)
+    assert "--json" in err and "does not exist" in err
+
+
+@pytest.mark.parametrize("value", ["0", "2.5", "abc"])
+def test_bench_workload_param_error_names_the_param(value, monkeypatch, capsys):
+    err = _bench_fails_before_running(["--workload", "uniform", "--workload-param", f"prompt_len={value}"],
+                                      monkeypatch, capsys)
+    assert "prompt_len must be an integer >= 4" in err

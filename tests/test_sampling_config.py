@@ -1,8 +1,11 @@
 """SamplingParams / EngineConfig validation and the sampler, without the model."""
+import dataclasses
+
 import pytest
 import torch
 
 from minillm import EngineConfig, SamplingParams
+from minillm.config import SpeculativeConfig
 from minillm.sampling import apply_top_k_top_p, compute_probs, sample, sample_from_probs
 
 
@@ -84,3 +87,76 @@ def test_greedy_rows_draw_no_random_numbers():
     state = g.get_state().clone()
     sample(torch.randn(2, 10), [SamplingParams(temperature=0)] * 2, [g, g])
     assert torch.equal(g.get_state(), state)
+
+
+# -- inputs that were accepted and then did the wrong thing --------------------------------
+
+@pytest.mark.parametrize("cls, kwargs, field", [
+    (SamplingParams, {"ignore_eos": "false"}, "ignore_eos"),
+    (SamplingParams, {"ignore_eos": 1}, "ignore_eos"),
+    (SamplingParams, {"include_stop_str_in_output": "no"}, "include_stop_str_in_output"),
+    (EngineConfig, {"dummy_weights": "no"}, "dummy_weights"),
+    (EngineConfig, {"dummy_weights": None}, "dummy_weights"),
+    (EngineConfig, {"engine": "paged", "enable_chunked_prefill": "yes"}, "enable_chunked_prefill"),
+    (SpeculativeConfig, {"method": "ngram", "adaptive": "yes"}, "adaptive"),
+])
+def test_bool_options_must_be_bools(cls, kwargs, field):
+    # bool("no") is True: a string used to switch the option on without a word.
+    with pytest.raises(ValueError, match=f"{field} must be True or False"):
+        cls(**kwargs)
+
+
+def test_every_bool_field_is_checked():
+    for cls, base in ((SamplingParams, {}), (EngineConfig, {"engine": "paged"}),
+                      (SpeculativeConfig, {"method": "ngram"})):
+        bools = [f.name for f in dataclasses.fields(cls) if f.type in ("bool", bool)]
+        assert bools, cls
+        for name in bools:
+            with pytest.raises(ValueError, match=name):
+                cls(**base, **{name: "false"})
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"stop": 5}, "stop must be a string or a list"),
+    ({"stop": [5]}, "stop must be"),
+    ({"stop": b"x"}, "stop must be"),
+    ({"stop_token_ids": 5}, "stop_token_ids must be a list"),
+    ({"stop_token_ids": "2"}, "stop_token_ids must be a list"),
+    ({"stop_token_ids": [2.0]}, "stop_token_ids"),
+    ({"stop_token_ids": [True]}, "stop_token_ids"),
+    ({"seed": 2**64}, r"seed must be an integer in \[0, 2\*\*64\)"),
+    ({"seed": -1}, r"seed must be an integer in \[0, 2\*\*64\)"),
+    ({"seed": 1.5}, "seed"),
+    ({"seed": True}, "seed"),
+])
+def test_stop_rules_and_seed_are_checked_at_construction(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_params_accepts_what_vllm_accepts():
+    p = SamplingParams(stop=None, stop_token_ids=None)
+    assert p.stop == [] and p.stop_token_ids == []
+    p = SamplingParams(stop="###", stop_token_ids=(2, 3), seed=2**64 - 1, include_stop_str_in_output=True)
+    assert p.stop == ["###"] and p.stop_token_ids == [2, 3] and p.include_stop_str_in_output is True
+    assert SamplingParams().include_stop_str_in_output is False
+    # Every accepted seed is one torch takes.
+    for seed in (0, 2**63, 2**64 - 1):
+        torch.Generator().manual_seed(SamplingParams(seed=seed).seed)
+
+
+@pytest.mark.parametrize("seed", ["x", 1.5, -1, 2**32, True])
+def test_engine_seed_is_an_integer_in_range(seed):
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*32\)"):
+        EngineConfig(seed=seed)
+
+
+def test_engine_seed_range_keeps_derived_request_seeds_valid():
+    # The engine seeds request i without its own seed with config.seed * 1_000_003 + i.
+    cfg = EngineConfig(seed=2**32 - 1)
+    torch.Generator().manual_seed(cfg.seed * 1_000_003 + 2**40)
+
+
+def test_device_must_be_a_string():
+    with pytest.raises(ValueError, match="device must be"):
+        EngineConfig(device=0)

@@ -241,3 +241,38 @@ def test_explorer_redraws_and_confirms():
     assert "measured" in note.value and "simulated" in note.value
     import matplotlib.pyplot as plt
     plt.close("all")
+
+
+@pytest.mark.parametrize("name, params, match", [
+    ("uniform", dict(prompt_len=0), "prompt_len must be an integer >= 4"),
+    ("uniform", dict(prompt_len=3), "prompt_len must be an integer >= 4"),
+    ("uniform", dict(prompt_len=2.5), "prompt_len must be an integer"),
+    ("uniform", dict(output_len=2.5), "output_len must be an integer >= 1"),
+    ("uniform", dict(output_len=True), "output_len"),
+    ("skewed", dict(prompt_len=2), "prompt_len must be an integer >= 3"),
+    ("skewed", dict(long_every=0), "long_every"),
+    ("skewed", dict(long_tokens="800"), "long_tokens"),
+    ("chat", dict(prompt_median=0), "prompt_median must be a number > 0"),
+    ("chat", dict(output_median=float("nan")), "output_median"),
+    ("long-prompt-arrival", dict(num_long=1.5), "num_long must be an integer"),
+    ("long-prompt-arrival", dict(arrival_gap_s=-1), "arrival_gap_s must be a number >= 0"),
+    ("grounded", dict(output_len=0), "output_len"),
+    ("skewed", dict(prompt_lenn=4), "unknown prompt_lenn; valid parameters: short_tokens, long_tokens"),
+])
+def test_workload_params_are_checked_by_name(name, params, match):
+    with pytest.raises(ValueError, match=match):
+        make_workload(name, 8, **params)
+
+
+def test_workload_param_table_matches_the_length_functions():
+    import inspect
+
+    from minillm.workload import WORKLOAD_PARAMS
+
+    for name, fn in WORKLOADS.items():
+        assert list(inspect.signature(fn).parameters)[2:] == list(WORKLOAD_PARAMS[name]), name
+    # The lowest accepted values still build (and int values are fine for float parameters).
+    make_workload("uniform", 8, prompt_len=4, output_len=1)
+    make_workload("skewed", 8, prompt_len=3, short_tokens=1, long_tokens=1, long_every=1)
+    make_workload("chat", 8, prompt_median=0.5, output_median=1, max_prompt=1, max_output=1)
+    make_workload("long-prompt-arrival", 8, first_arrival_s=0, arrival_gap_s=0, num_long=1)
