@@ -46,12 +46,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class RMSNorm(nn.Module):
+    """``rms_norm``; with the Triton backend on a GPU, the Triton kernel (one pass per row)."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.use_triton = False  # set by Llama.set_attention_backend
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_triton and x.is_cuda:
+            from kernels.rmsnorm import rms_norm as triton_rms_norm
+
+            return triton_rms_norm(x, self.weight, self.eps)
         return rms_norm(x, self.weight, self.eps)
 
 
@@ -116,6 +123,9 @@ class Llama(nn.Module):
             raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {name!r}")
         self.attention_backend = name
         self._backend = BACKENDS[name]
+        for m in self.modules():
+            if isinstance(m, RMSNorm):
+                m.use_triton = name == "triton"
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         missing, unexpected = self.load_state_dict(weights, strict=False)

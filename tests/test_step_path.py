@@ -83,8 +83,10 @@ def test_speculator_holds_no_scheduler_or_runner():
 @pytest.mark.parametrize("cls", [ContinuousScheduler, StaticScheduler, PagedScheduler])
 def test_one_admission_and_one_update(cls):
     # policies implement schedule(); the queue, KV and update machinery is the base class's
-    for name in ("admit", "add_row", "update", "append_token", "can_admit"):
-        assert getattr(cls, name) is getattr(Scheduler, name) or name == "update" and cls is StaticScheduler
+    for name in ("admit", "add_row", "append_token", "can_admit"):
+        assert getattr(cls, name) is getattr(Scheduler, name)
+    # a policy may look at what finished (the barrel empties, memory comes back), on top of the one update
+    assert cls.update is Scheduler.update or "super().update(out, emitted, now)" in inspect.getsource(cls.update)
     assert len(inspect.getsource(cls.schedule).splitlines()) <= 40, "schedule() should fit on a screen"
 
 
