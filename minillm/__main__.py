@@ -48,16 +48,12 @@ def generate(argv: list[str]) -> int:
     else:
         prompt = args.prompt
     req = engine.add_request(prompt, params)
-    printed = ""
     while engine.has_unfinished():
         engine.step()
-        # Decode everything so far and print only what is new: a token may complete a
-        # multi-byte character only together with the next one.
-        text = engine.decode(req.output_token_ids) if not req.is_finished else req.output_text
-        if text.startswith(printed) and not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(printed):])
-            sys.stdout.flush()
-            printed = text
+        # Only the text added this step: the detokenizer holds back a half multi-byte
+        # character, and anything that may still turn out to be a stop string.
+        sys.stdout.write(req.detokenizer.new_text())
+        sys.stdout.flush()
     sys.stdout.write("\n")
     if args.stats:
         m = req.metrics
