@@ -6,6 +6,10 @@ Kept deliberately tiny so that each kernel file still reads on its own.
 
 from __future__ import annotations
 
+import functools
+import os
+from dataclasses import dataclass
+
 import torch
 
 # Triton is an optional dependency: the PyTorch oracles must import without it.
@@ -35,18 +39,65 @@ def check(cond: bool, msg: str) -> None:
 
 
 def check_device(name: str, *tensors: torch.Tensor) -> None:
-    """All tensors must live on one device; on CPU that only works in the interpreter."""
+    """All tensors must live on one device; on CPU that only works in the interpreter
+    (or while kernels.aot records launches for a GPU target: nothing runs then)."""
     devices = {t.device for t in tensors}
     check(len(devices) == 1, f"{name}: all tensors must be on the same device, got {sorted(map(str, devices))}")
     dev = tensors[0].device
-    if dev.type != "cuda":
-        import os
-
+    if dev.type != "cuda" and _aot_target is None:
         check(
             os.environ.get("TRITON_INTERPRET", "0") == "1",
             f"{name}: tensors are on {dev}; Triton kernels need CUDA tensors "
             "(or TRITON_INTERPRET=1 set before the kernels are imported)",
         )
+
+
+# ----------------------------------------------------------------------------
+# Launch planning: which GPU do the wrappers pick tile sizes and split counts for?
+# ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """The few facts about a GPU that the host wrappers plan a launch with."""
+
+    name: str
+    capability: int  # 80 = A100 (sm_80), 90 = H100/H200 (sm_90)
+    num_sms: int  # streaming multiprocessors: how many programs run at once
+    smem_per_block: int  # opt-in maximum shared memory of one program (block), bytes
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.capability}"
+
+
+# The GPUs this project targets (numbers from the CUDA programming guide's
+# per-architecture table: opt-in shared memory per block 163 KiB / 227 KiB).
+A100 = GpuSpec("A100-SXM4", 80, 108, 163 * 1024)
+H100 = GpuSpec("H100/H200-SXM", 90, 132, 227 * 1024)
+
+# Set only by kernels.aot while it records the launches the wrappers would make on
+# this GPU (CPU tensors, fake driver, nothing runs). None otherwise.
+_aot_target: GpuSpec | None = None
+
+
+def planning_gpu(device: torch.device) -> GpuSpec | None:
+    """The GPU a wrapper plans its launch for; None means the CPU interpreter.
+
+    A CUDA tensor's own device, or the target kernels.aot is compiling for.
+    """
+    if _aot_target is not None:
+        return _aot_target
+    if device.type != "cuda":
+        return None
+    return _cuda_spec(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_spec(index: int) -> GpuSpec:
+    props = torch.cuda.get_device_properties(index)
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or 0
+    return GpuSpec(props.name, 10 * props.major + props.minor, props.multi_processor_count, int(smem))
 
 
 def next_pow2(n: int) -> int:

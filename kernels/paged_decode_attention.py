@@ -45,11 +45,39 @@ Design
   the GPU. Then each sequence's keys are cut into num_splits contiguous chunks
   processed by separate programs, each writing a partial (acc, m, l); a second
   small kernel merges the partials:  out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
+  The partials cost 2 * B * Hq * S * (D + 2) * 4 bytes (written, then read
+  back), small next to K/V as long as each split covers a few hundred keys.
   With num_splits == 1 the first kernel normalises and writes the output itself.
 * Both products pass input_precision="ieee": fp32 caches then get true fp32
   math rather than TF32; fp16/bf16 inputs use tensor cores either way.
 * Softmax runs in base 2 (exp2 is the native instruction): scores are multiplied
   by scale * log2(e) and the m values live in that base-2 domain throughout.
+
+Compiled variants
+-----------------
+Triton compiles one binary per distinct set of compile-time facts: every
+tl.constexpr value, and by default two facts about each integer argument
+(whether it equals 1, whether it is divisible by 16). A fact that changes from
+one step to the next therefore means a fresh compile (~0.5 s) in the middle of
+serving. So everything that varies per step, or per engine, is a plain runtime
+integer marked do_not_specialize:
+
+* NUM_SPLITS follows the batch size and the block-table width; the kernel
+  tests it at run time to choose its ending (normalise and write out, or
+  write partials). The reduce kernel loops over the partials BLOCK_S at a
+  time, so one binary merges any number of splits.
+* stride_bt, the block-table width, grows with the longest sequence of a step.
+* BLOCK_SIZE: the paged engine's 8, 16 or 32, or the contiguous engines' one
+  block of max_model_len. It costs an integer division per key position,
+  next to the 2 * HEAD_DIM elements loaded for that key.
+* The unused partial buffers of a split-free launch are still fp32 pointers:
+  a pointer's dtype is part of the compiled signature too.
+
+What stays constexpr is fixed by the model: GROUP, HEAD_DIM, and the tile
+sizes. For one model and dtype there is exactly one decode binary and one
+reduce binary, whatever the batch, the context lengths or the block size;
+kernels.aot.reachable_variants enumerates them and kernels.warmup compiles
+them before any request is timed.
 """
 
 from __future__ import annotations
@@ -58,13 +86,29 @@ import math
 
 import torch
 
-from ._common import HAS_TRITON, check, check_device, cuda_or_skip, is_pow2, report, require_triton, tl, triton
+from ._common import (
+    HAS_TRITON,
+    GpuSpec,
+    check,
+    check_device,
+    cuda_or_skip,
+    is_pow2,
+    planning_gpu,
+    report,
+    require_triton,
+    tl,
+    triton,
+)
 
 _LOG2E = 1.4426950408889634
 
 if HAS_TRITON:
 
-    @triton.jit
+    # The block-table width and the split count change from step to step, the
+    # block size from engine to engine: plain runtime integers, never specialised
+    # on (see "Compiled variants" above). Upper case marks them as sizes, like
+    # the constexprs, but they are not.
+    @triton.jit(do_not_specialize=["stride_bt", "BLOCK_SIZE", "NUM_SPLITS"])
     def _paged_decode_kernel(
         q_ptr,  # [B, Hq, D]
         k_cache_ptr,  # [num_blocks, block_size, Hkv, D]
@@ -80,15 +124,15 @@ if HAS_TRITON:
         stride_qh,
         stride_ob,
         stride_oh,
-        stride_bt,
+        stride_bt,  # block-table row stride (its width): runtime
+        BLOCK_SIZE,  # tokens per cache block: runtime
         Hq,
         Hkv,
+        NUM_SPLITS,  # S, key chunks per sequence: runtime
         GROUP: tl.constexpr,  # query heads per kv head
-        BLOCK_SIZE: tl.constexpr,  # tokens per cache block
         HEAD_DIM: tl.constexpr,
         BLOCK_G: tl.constexpr,  # GROUP padded to >= 16 for tl.dot
         BLOCK_N: tl.constexpr,  # keys per tile
-        NUM_SPLITS: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -146,6 +190,8 @@ if HAS_TRITON:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             m_i = m_new
 
+        # A runtime branch, the same for the whole program (and launch): both
+        # endings live in the one binary, and no thread diverges.
         if NUM_SPLITS == 1:
             # l_i == 0 only for an empty sequence; emit zeros instead of 0/0.
             out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -160,7 +206,7 @@ if HAS_TRITON:
             tl.store(part_l_ptr + row, l_i, mask=g_valid)
             tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=g_valid[:, None])
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["NUM_SPLITS"])
     def _reduce_splits_kernel(
         part_acc_ptr,  # [B, Hq, S, D] fp32
         part_m_ptr,  # [B, Hq, S] fp32
@@ -169,47 +215,66 @@ if HAS_TRITON:
         stride_ob,
         stride_oh,
         Hq,
-        NUM_SPLITS: tl.constexpr,
-        BLOCK_S: tl.constexpr,  # NUM_SPLITS rounded up to a power of two
+        NUM_SPLITS,  # S: runtime, never specialised, so one binary merges any split count
+        BLOCK_S: tl.constexpr,  # partials merged per loop iteration
         HEAD_DIM: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
-        s = tl.arange(0, BLOCK_S)  # [BLOCK_S]
         d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
-        s_valid = s < NUM_SPLITS
-        row = (b * Hq + h) * NUM_SPLITS + s  # [BLOCK_S]
+        first = (b * Hq + h) * NUM_SPLITS  # row of partial 0 of (b, h) in [B * Hq * S]
 
-        m = tl.load(part_m_ptr + row, mask=s_valid, other=-1.0e30)  # [BLOCK_S]
-        l = tl.load(part_l_ptr + row, mask=s_valid, other=0.0)  # [BLOCK_S]
-        acc = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=s_valid[:, None], other=0.0)
-
-        # Bring every partial to the common max before adding; empty splits have
-        # l = 0 and acc = 0 so they drop out whatever their weight.
-        w = tl.exp2(m - tl.max(m, axis=0))  # [BLOCK_S]
-        l_tot = tl.sum(w * l, axis=0)
-        out = tl.sum(w[:, None] * acc, axis=0) / tl.where(l_tot > 0.0, l_tot, 1.0)  # [HEAD_DIM]
+        # The decode kernel's online softmax one level up: bring every partial to
+        # the running max before adding. Empty splits have l = 0 and acc = 0 so
+        # they drop out whatever their weight. With S <= BLOCK_S the loop runs
+        # once and alpha == 0, so this is exactly the one-shot merge.
+        m_run = -1.0e30  # running max (an fp32 scalar once the loop has run)
+        l_run = 0.0  # running denominator
+        acc_run = tl.zeros([HEAD_DIM], dtype=tl.float32)  # running numerator
+        for s0 in range(0, NUM_SPLITS, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+            s_valid = s < NUM_SPLITS
+            m = tl.load(part_m_ptr + first + s, mask=s_valid, other=-1.0e30)  # [BLOCK_S]
+            l = tl.load(part_l_ptr + first + s, mask=s_valid, other=0.0)  # [BLOCK_S]
+            acc = tl.load(part_acc_ptr + (first + s)[:, None] * HEAD_DIM + d[None, :],
+                          mask=s_valid[:, None], other=0.0)  # [BLOCK_S, HEAD_DIM]
+            m_new = tl.maximum(m_run, tl.max(m, axis=0))
+            alpha = tl.exp2(m_run - m_new)  # rescales what was merged so far
+            w = tl.exp2(m - m_new)  # [BLOCK_S]
+            l_run = l_run * alpha + tl.sum(w * l, axis=0)
+            acc_run = acc_run * alpha + tl.sum(w[:, None] * acc, axis=0)
+            m_run = m_new
+        out = acc_run / tl.where(l_run > 0.0, l_run, 1.0)  # [HEAD_DIM]
         tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
-def _pick_config(head_dim: int, device: torch.device) -> dict:
-    """Tile sizes. Tests may monkeypatch this to force other tilings."""
-    if device.type != "cuda":
+# Partials the reduce kernel merges per loop iteration; any split count works.
+_REDUCE_BLOCK_S = 16
+
+
+def _pick_config(head_dim: int, dtype: torch.dtype, gpu: GpuSpec | None) -> dict:
+    """Tile sizes for a GPU (None: the CPU interpreter). Tests may monkeypatch this."""
+    if gpu is None:
         # Interpreter: small tiles make short test sequences cross tile edges.
         return dict(BLOCK_N=16, num_warps=4)
-    return dict(BLOCK_N=64 if head_dim <= 64 else 32, num_warps=4)
+    # K and V tiles of [BLOCK_N, HEAD_DIM], pipelined: ~21 KB of shared memory in
+    # bf16/fp16 and ~43 KB in fp32 (python -m kernels.aot), far below the 163 KB
+    # (A100) / 227 KB (H100) a program may use. fp32 has no tensor cores here
+    # (input_precision="ieee"): its dots are FMA loops with every operand in
+    # registers, so 8 warps share them; with 4, head_dim 128 spills on sm_90.
+    return dict(BLOCK_N=64 if head_dim <= 64 else 32, num_warps=8 if dtype == torch.float32 else 4)
 
 
-def _default_num_splits(batch: int, num_kv_heads: int, max_len: int, device: torch.device) -> int:
+def _default_num_splits(batch: int, num_kv_heads: int, max_len: int, gpu: GpuSpec | None) -> int:
     """Enough splits to give ~2 programs per SM, but never chunks under ~256 keys.
 
     max_len is an upper bound taken from the block-table width, so no
-    device-to-host copy (and no sync) is needed to decide.
+    device-to-host copy (and no sync) is needed to decide. The result is a
+    runtime argument of the kernels: any value reuses the same binaries.
     """
-    if device.type != "cuda":
+    if gpu is None:
         return 1
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    by_occupancy = math.ceil(2 * num_sms / max(1, batch * num_kv_heads))
+    by_occupancy = math.ceil(2 * gpu.num_sms / max(1, batch * num_kv_heads))
     by_length = math.ceil(max_len / 256)
     return max(1, min(by_occupancy, by_length, 64))
 
@@ -262,19 +327,21 @@ def paged_decode_attention(
     if B == 0:
         return out
 
+    gpu = planning_gpu(q.device)  # None under the interpreter
     if num_splits is None:
-        num_splits = _default_num_splits(B, Hkv, block_tables.shape[1] * block_size, q.device)
+        num_splits = _default_num_splits(B, Hkv, block_tables.shape[1] * block_size, gpu)
     check(int(num_splits) >= 1, f"paged_decode_attention: num_splits must be >= 1, got {num_splits}")
     num_splits = int(num_splits)
-    cfg = _pick_config(D, q.device)
+    cfg = _pick_config(D, q.dtype, gpu)
 
     if num_splits > 1:
         part_acc = torch.empty(B, Hq, num_splits, D, device=q.device, dtype=torch.float32)  # [B, Hq, S, D]
         part_m = torch.empty(B, Hq, num_splits, device=q.device, dtype=torch.float32)  # [B, Hq, S]
         part_l = torch.empty(B, Hq, num_splits, device=q.device, dtype=torch.float32)  # [B, Hq, S]
     else:
-        # Unused by the kernel in this mode; any valid pointer will do.
-        part_acc = part_m = part_l = out
+        # Unused by the kernel in this mode. Still fp32: a pointer's dtype is part
+        # of the compiled signature, so `out` here would mean a second binary.
+        part_acc = part_m = part_l = torch.empty(1, device=q.device, dtype=torch.float32)
 
     _paged_decode_kernel[(B, Hkv, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out,
@@ -283,13 +350,13 @@ def paged_decode_attention(
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
         block_tables.stride(0),
+        block_size,
         Hq, Hkv,
+        num_splits,
         GROUP=group,
-        BLOCK_SIZE=block_size,
         HEAD_DIM=D,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=cfg["BLOCK_N"],
-        NUM_SPLITS=num_splits,
         num_warps=cfg["num_warps"],
     )
     if num_splits > 1:
@@ -297,8 +364,8 @@ def paged_decode_attention(
             part_acc, part_m, part_l, out,
             out.stride(0), out.stride(1),
             Hq,
-            NUM_SPLITS=num_splits,
-            BLOCK_S=triton.next_power_of_2(num_splits),
+            num_splits,
+            BLOCK_S=_REDUCE_BLOCK_S,
             HEAD_DIM=D,
             num_warps=1 if D <= 64 else 2,
         )

@@ -46,13 +46,30 @@ Design
 * One masked loop handles everything: positions past the context and keys after
   each query's own position get -inf. Splitting off the fully-visible tiles into
   a mask-free loop would be a further speed-up.
+* The tile depends on the dtype (_pick_config): 64x64 for bf16/fp16 on tensor
+  cores; 32x32 over 8 warps for fp32, whose FMA dot keeps every operand in
+  registers and would spill with the larger tile.
+* One compiled binary per model and dtype: the block-table width and the block
+  size are runtime integers that Triton never specialises on (see "Compiled
+  variants" in paged_decode_attention.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._common import HAS_TRITON, check, check_device, cuda_or_skip, report, require_triton, tl, triton
+from ._common import (
+    HAS_TRITON,
+    GpuSpec,
+    check,
+    check_device,
+    cuda_or_skip,
+    planning_gpu,
+    report,
+    require_triton,
+    tl,
+    triton,
+)
 from .paged_decode_attention import _check_inputs as _check_decode_inputs
 from .paged_decode_attention import gather_kv_ref
 
@@ -60,7 +77,10 @@ _LOG2E = 1.4426950408889634
 
 if HAS_TRITON:
 
-    @triton.jit
+    # The block-table width changes from step to step and the block size from
+    # engine to engine: never specialise on them (see "Compiled variants" in
+    # paged_decode_attention.py). One binary per model and dtype.
+    @triton.jit(do_not_specialize=["stride_bt", "BLOCK_SIZE"])
     def _paged_prefill_kernel(
         q_ptr,  # [T, Hq, D]
         k_cache_ptr,  # [num_blocks, block_size, Hkv, D]
@@ -74,10 +94,10 @@ if HAS_TRITON:
         stride_qh,
         stride_ot,
         stride_oh,
-        stride_bt,
+        stride_bt,  # block-table row stride (its width): runtime
+        BLOCK_SIZE,  # tokens per cache block: runtime (upper case: a size, but not a constexpr)
         Hkv,
         GROUP: tl.constexpr,  # query heads per kv head
-        BLOCK_SIZE: tl.constexpr,  # tokens per cache block
         HEAD_DIM: tl.constexpr,
         BLOCK_M: tl.constexpr,  # query rows per program
         BLOCK_N: tl.constexpr,  # keys per tile
@@ -149,11 +169,22 @@ if HAS_TRITON:
         )
 
 
-def _pick_config(head_dim: int, device: torch.device) -> dict:
-    """Tile sizes. Tests may monkeypatch this to force other tilings."""
-    if device.type != "cuda":
+def _pick_config(head_dim: int, dtype: torch.dtype, gpu: GpuSpec | None) -> dict:
+    """Tile sizes for a GPU (None: the CPU interpreter). Tests may monkeypatch this."""
+    if gpu is None:
         # Interpreter: small tiles so short test prompts span several tiles.
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    if dtype == torch.float32:
+        # fp32 has no tensor-core path here (input_precision="ieee"): tl.dot becomes
+        # FMA loops whose operands all sit in registers. The 64x64 tile then needs
+        # more than the 255 registers a thread may have and spills (sm_80: ~16 KB of
+        # local-memory traffic per thread). A 32x32 tile over 8 warps needs 48-80
+        # registers for head_dim 32..128 on sm_80 and sm_90, with no spills, under
+        # Triton 3.6 and 3.9 alike (python -m kernels.aot checks it).
+        return dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2)
+    # bf16/fp16: tensor cores (mma.sync on sm_80, wgmma on sm_90) keep the 64-row
+    # tile in 140-240 registers; K and V tiles double-buffered in shared memory
+    # (24-49 KB, python -m kernels.aot).
     if head_dim <= 64:
         return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
     return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
@@ -198,7 +229,7 @@ def paged_prefill_attention(
     if max_query_len == 0:
         return out
 
-    cfg = _pick_config(D, q.device)
+    cfg = _pick_config(D, q.dtype, planning_gpu(q.device))
     grid = (triton.cdiv(int(max_query_len), cfg["BLOCK_M"]), Hq, B)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, context_lens, out,
@@ -206,9 +237,9 @@ def paged_prefill_attention(
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
         block_tables.stride(0),
+        block_size,
         Hkv,
         GROUP=Hq // Hkv,
-        BLOCK_SIZE=block_size,
         HEAD_DIM=D,
         BLOCK_M=cfg["BLOCK_M"],
         BLOCK_N=cfg["BLOCK_N"],

@@ -6,8 +6,32 @@ import math
 
 import pytest
 import torch
+from kernel_cases import (
+    DECODE_CASE_IDS,
+    DECODE_CASES,
+    DECODE_EMPTY,
+    DECODE_GPU_CASE_IDS,
+    DECODE_GPU_CASES,
+    DECODE_GPU_SPLITS,
+    DECODE_GPU_TILING,
+    DECODE_HUGE_BLOCK,
+    DECODE_SPLITS,
+    GPU_DTYPES,
+    INTERP_DTYPES,
+    PREFILL_CASE_IDS,
+    PREFILL_CASES,
+    PREFILL_CHUNKED,
+    PREFILL_EQUALS_DECODE,
+    PREFILL_EQUALS_DECODE_GPU,
+    PREFILL_GPU_CASE_IDS,
+    PREFILL_GPU_CASES,
+    PREFILL_GPU_SEQS,
+    PREFILL_GPU_TILING,
+    PREFILL_SEQS,
+)
 
 from kernels import (
+    H100,
     paged_decode_attention,
     paged_decode_attention_ref,
     paged_prefill_attention,
@@ -82,13 +106,8 @@ def test_oracles_match_naive_dense_attention(paged_kv):
 # Decode kernel
 # ----------------------------------------------------------------------------
 
-# (Hq, Hkv, D, block_size, context lengths): GQA ratios 1 and 3, lengths of 1,
-# exact multiples of the block size and ragged ones.
-DECODE_CASES = [
-    (2, 2, 32, 8, [1, 8, 13, 40]),
-    (6, 2, 64, 16, [17, 1, 64, 33]),
-    (3, 1, 128, 32, [5, 70]),
-]
+# Cases (Hq, Hkv, D, block_size, context lengths) live in kernel_cases.py, which
+# the AOT tier (test_aot.py) also compiles for sm_80 and sm_90.
 
 
 def _run_decode(case, dtype, num_splits, device, tol, paged_kv):
@@ -103,9 +122,9 @@ def _run_decode(case, dtype, num_splits, device, tol, paged_kv):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("case", DECODE_CASES, ids=["mha-bs8", "gqa3-bs16", "gqa3-bs32"])
+@pytest.mark.parametrize("num_splits", DECODE_SPLITS)
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("case", DECODE_CASES, ids=DECODE_CASE_IDS)
 def test_decode_small(case, dtype, num_splits, device, tol, paged_kv):
     _run_decode(case, dtype, num_splits, device, tol, paged_kv)
 
@@ -114,8 +133,9 @@ def test_decode_small(case, dtype, num_splits, device, tol, paged_kv):
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_decode_empty_context_gives_zeros(num_splits, device, paged_kv):
     # Padded batch entries may carry context_len 0: output zeros, never NaN.
-    k_cache, v_cache, tables, _ = paged_kv([0, 5], 1, 32, 8, torch.float32, device)
-    q = torch.randn(2, 2, 32, device=device)
+    Hq, Hkv, D, block_size, lens = DECODE_EMPTY
+    k_cache, v_cache, tables, _ = paged_kv(lens, Hkv, D, block_size, torch.float32, device)
+    q = torch.randn(len(lens), Hq, D, device=device)
     context_lens = torch.tensor([0, 5], dtype=torch.int32, device=device)
     out = paged_decode_attention(q, k_cache, v_cache, tables, context_lens, 0.2, num_splits=num_splits)
     assert torch.equal(out[0], torch.zeros_like(out[0]))
@@ -125,25 +145,23 @@ def test_decode_empty_context_gives_zeros(num_splits, device, paged_kv):
 @pytest.mark.interpreter
 def test_decode_one_huge_block(device, tol, paged_kv):
     # The contiguous-cache engine: a single block of max_model_len per sequence.
-    _run_decode((2, 1, 32, 8192, [1, 100, 257]), torch.float32, 2, device, tol, paged_kv)
+    _run_decode(DECODE_HUGE_BLOCK, torch.float32, 2, device, tol, paged_kv)
 
 
 @pytest.mark.interpreter
 def test_decode_gpu_tiling(monkeypatch, device, tol, paged_kv):
     # Exercise the tile sizes used on the GPU, even when running in the interpreter.
     real = decode_mod._pick_config
-    monkeypatch.setattr(decode_mod, "_pick_config", lambda d, dev: real(d, torch.device("cuda")))
-    _run_decode((4, 2, 64, 16, [3, 64, 150]), torch.float16, 2, device, tol, paged_kv)
+    monkeypatch.setattr(decode_mod, "_pick_config", lambda d, dt, gpu: real(d, dt, H100))
+    _run_decode(DECODE_GPU_TILING, torch.float16, 2, device, tol, paged_kv)
 
 
 # ----------------------------------------------------------------------------
 # Prefill kernel
 # ----------------------------------------------------------------------------
 
-# (q_len, context_len) per sequence: empty query, length 1, full prefills, a
-# later chunk with a context offset, a 3-token speculative verification.
-PREFILL_SEQS = [(0, 5), (1, 1), (7, 7), (20, 37), (3, 50), (17, 17)]
-PREFILL_CASES = [(2, 2, 32, 8), (6, 2, 64, 16), (3, 1, 128, 32)]
+# PREFILL_SEQS: (q_len, context_len) per sequence: empty query, length 1, full
+# prefills, a later chunk with a context offset, a 3-token speculative verification.
 
 
 def _run_prefill(Hq, Hkv, D, block_size, seqs, dtype, device, tol, paged_kv):
@@ -160,23 +178,25 @@ def _run_prefill(Hq, Hkv, D, block_size, seqs, dtype, device, tol, paged_kv):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("case", PREFILL_CASES, ids=["mha-bs8", "gqa3-bs16", "gqa3-bs32"])
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=PREFILL_CASE_IDS)
 def test_prefill_small(case, dtype, device, tol, paged_kv):
     _run_prefill(*case, PREFILL_SEQS, dtype, device, tol, paged_kv)
 
 
 @pytest.mark.interpreter
-def test_prefill_gpu_tiling(monkeypatch, device, tol, paged_kv):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])  # the tile depends on the dtype
+def test_prefill_gpu_tiling(dtype, monkeypatch, device, tol, paged_kv):
     real = prefill_mod._pick_config
-    monkeypatch.setattr(prefill_mod, "_pick_config", lambda d, dev: real(d, torch.device("cuda")))
-    _run_prefill(4, 2, 64, 16, [(70, 70), (5, 90), (0, 3)], torch.float16, device, tol, paged_kv)
+    monkeypatch.setattr(prefill_mod, "_pick_config", lambda d, dt, gpu: real(d, dt, H100))
+    case, seqs = PREFILL_GPU_TILING
+    _run_prefill(*case, seqs, dtype, device, tol, paged_kv)
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
 def test_prefill_with_one_query_equals_decode(dtype, device, tol, paged_kv):
-    Hq, Hkv, D, block_size, lens = 6, 2, 32, 8, [1, 8, 29]
+    Hq, Hkv, D, block_size, lens = PREFILL_EQUALS_DECODE
     k_cache, v_cache, tables, _ = paged_kv(lens, Hkv, D, block_size, dtype, device)
     context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     q, qsl = pack_queries([1] * len(lens), Hq, D, dtype, device)  # q: [B, Hq, D]
@@ -197,7 +217,7 @@ def test_chunked_prefill_then_decode_matches_dense(device):
     3-token verification, a decode step); the concatenated outputs must equal
     dense causal attention over each full sequence.
     """
-    Hq, Hkv, D, block_size, num_blocks = 4, 2, 32, 8, 12
+    Hq, Hkv, D, block_size, num_blocks = PREFILL_CHUNKED
     schedules = [[16, 14, 3, 1], [5, 16, 0, 1]]  # q_len per step, per sequence
     total = [sum(s) for s in schedules]
     g = torch.Generator().manual_seed(3)
@@ -243,34 +263,24 @@ def test_chunked_prefill_then_decode_matches_dense(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("num_splits", [None, 1, 7])
-@pytest.mark.parametrize(
-    "case",
-    [
-        (16, 2, 64, 16, [1, 15, 16, 17, 500, 2049, 3000, 33]),
-        (8, 8, 128, 32, [7, 1000, 4096]),
-        (12, 4, 64, 8192, [1, 3000, 8192]),
-    ],
-    ids=["gqa8-d64-bs16", "mha-d128-bs32", "gqa3-huge-block"],
-)
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("num_splits", DECODE_GPU_SPLITS)
+@pytest.mark.parametrize("case", DECODE_GPU_CASES, ids=DECODE_GPU_CASE_IDS)
 def test_decode_gpu(case, num_splits, dtype, device, tol, paged_kv):
     _run_decode(case, dtype, num_splits, device, tol, paged_kv)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("case", [(16, 2, 64, 16), (8, 8, 128, 32), (12, 4, 64, 2048)],
-                         ids=["gqa8-d64-bs16", "mha-d128-bs32", "gqa3-huge-block"])
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("case", PREFILL_GPU_CASES, ids=PREFILL_GPU_CASE_IDS)
 def test_prefill_gpu(case, dtype, device, tol, paged_kv):
-    seqs = [(1000, 1000), (1, 513), (37, 2000), (0, 10), (129, 129), (64, 64), (5, 1500)]
-    _run_prefill(*case, seqs, dtype, device, tol, paged_kv)
+    _run_prefill(*case, PREFILL_GPU_SEQS, dtype, device, tol, paged_kv)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
 def test_prefill_with_one_query_equals_decode_gpu(dtype, device, tol, paged_kv):
-    Hq, Hkv, D, block_size, lens = 16, 2, 64, 16, [1, 16, 700, 4000]
+    Hq, Hkv, D, block_size, lens = PREFILL_EQUALS_DECODE_GPU
     k_cache, v_cache, tables, _ = paged_kv(lens, Hkv, D, block_size, dtype, device)
     context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     q, qsl = pack_queries([1] * len(lens), Hq, D, dtype, device)

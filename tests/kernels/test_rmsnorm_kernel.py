@@ -1,5 +1,6 @@
 import pytest
 import torch
+from kernel_cases import GPU_DTYPES, INTERP_DTYPES, RMS_GPU, RMS_INTERP
 
 from kernels import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
 
@@ -34,14 +35,14 @@ def _check(T, D, dtype, device, tol, strided=False):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("T,D,strided", [(1, 64, False), (7, 96, True)])
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("T,D,strided", RMS_INTERP)
 def test_rms_norm_small(T, D, strided, dtype, device, tol):
     _check(T, D, dtype, device, tol, strided)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("T,D", [(1, 576), (513, 2048), (4096, 4096), (3, 5000)])
-def test_rms_norm_gpu(T, D, dtype, device, tol):
-    _check(T, D, dtype, device, tol, strided=T == 3)
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("T,D,strided", RMS_GPU)
+def test_rms_norm_gpu(T, D, strided, dtype, device, tol):
+    _check(T, D, dtype, device, tol, strided)

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from kernel_cases import GPU_DTYPES, STORE_KV_GPU_T, STORE_KV_INTERP
 
 from kernels import store_kv, store_kv_ref
 
@@ -37,16 +38,13 @@ def test_store_kv_ref_skips_padding():
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize(
-    "dtype,slot_dtype,H,D",
-    [(torch.float32, torch.int32, 2, 32), (torch.float16, torch.int64, 3, 64)],
-)
+@pytest.mark.parametrize("dtype,slot_dtype,H,D", STORE_KV_INTERP)
 def test_store_kv_small(dtype, slot_dtype, H, D, device):
     _check(T=9, H=H, D=D, block_size=8, num_blocks=4, dtype=dtype, slot_dtype=slot_dtype, device=device)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("T", [1, 37, 4096])
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("T", STORE_KV_GPU_T)
 def test_store_kv_gpu(T, dtype, device):
     _check(T=T, H=2, D=64, block_size=16, num_blocks=1024, dtype=dtype, slot_dtype=torch.int32, device=device)

@@ -1,0 +1,184 @@
+"""The AOT compile tier (marker ``aot``): every Triton kernel, in every launch
+configuration the engine and the kernel tests reach, compiled for sm_80 (A100)
+and sm_90 (H100/H200) on a machine without a GPU.
+
+Checked per kernel, dtype and target: it compiles; its shared memory fits the
+target's per-block limit; ptxas reports no register spills. Also: every
+@triton.jit kernel of the package is reached by some launch, and a serving
+process can only ever compile a few variants of each (kernels.aot.reachable_variants).
+
+``python -m kernels.aot`` does the capture and the compiles in a subprocess, once
+for this module (about 1.5 minutes on 2 cores): this process imported triton
+with TRITON_INTERPRET=1 (see conftest.py), which makes @triton.jit return
+interpreter objects that nothing can compile, and the interpreter tests need it
+to stay that way. The subprocess never sees a GPU either way: it fakes the driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kernels import HAS_TRITON
+
+pytestmark = [pytest.mark.aot, pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")]
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = Path(__file__).resolve().with_name("kernel_cases.py")
+KERNELS = ["_rms_norm_kernel", "_store_kv_kernel", "_paged_decode_kernel", "_reduce_splits_kernel",
+           "_paged_prefill_kernel"]
+DTYPES = ["bf16", "fp16", "fp32"]
+TARGETS = ["sm_80", "sm_90"]
+SMOLLM2 = SimpleNamespace(hidden_size=576, num_heads=9, num_kv_heads=3, head_dim=64, max_position_embeddings=8192)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("aot") / "report.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-m", "kernels.aot", "--extra", str(CASES), "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if not out.exists():
+        pytest.fail(f"{' '.join(cmd)} crashed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    rep = json.loads(out.read_text())
+    rep["table"] = proc.stdout
+    return rep
+
+
+def _explain(rows) -> str:
+    from kernels.aot import CompileResult
+
+    return "\n".join(f"{r['kernel']} {r['dtype']} {r['target']} [{r['config']}] <- {r['launches'][:1]}: "
+                     f"{'; '.join(CompileResult(**r).problems())}" for r in rows)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_compiles_fits_and_does_not_spill(report, kernel, dtype, target):
+    from kernels.aot import CompileResult
+
+    rows = [r for r in report["results"] if (r["kernel"], r["dtype"], r["target"]) == (kernel, dtype, target)]
+    assert rows, f"no launch configuration reaches {kernel} in {dtype} on {target}"
+    bad = [r for r in rows if CompileResult(**r).problems()]
+    assert not bad, f"{len(bad)} of {len(rows)} variants fail:\n{_explain(bad)}"
+
+
+def test_every_jit_kernel_is_compiled(report):
+    assert set(report["kernels"]) >= {f"{m}.{k}" for m, k in [
+        ("rmsnorm", "_rms_norm_kernel"), ("store_kv", "_store_kv_kernel"),
+        ("paged_decode_attention", "_paged_decode_kernel"), ("paged_decode_attention", "_reduce_splits_kernel"),
+        ("paged_prefill_attention", "_paged_prefill_kernel")]}
+    never = sorted(set(report["kernels"]) - set(report["compiled"]))
+    assert not never, f"@triton.jit kernels no launch configuration reaches (add a case): {never}"
+
+
+def test_wrappers_accept_every_launch(report):
+    assert not report["wrapper_errors"], "\n".join(report["wrapper_errors"][:10])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reachable_variants_are_few(report, dtype):
+    """All batch sizes up to 256, all block-table widths, block sizes 8/16/32 and the
+    contiguous engines' 8192: a handful of binaries per kernel, known up front."""
+    from kernels.aot import MAX_VARIANTS_PER_KERNEL
+
+    for bs in ["8", "16", "32", "8192", None]:
+        counts = report["reachable"][f"{dtype}/{'any bs' if bs is None else f'bs={bs}'}"]
+        assert set(counts) == set(KERNELS), counts
+        assert max(counts.values()) <= MAX_VARIANTS_PER_KERNEL, counts
+        # What the attention kernels' docstrings promise: one binary each per model and dtype.
+        assert counts["_paged_decode_kernel"] == counts["_reduce_splits_kernel"] == 1, counts
+        assert counts["_paged_prefill_kernel"] == counts["_store_kv_kernel"] == 1, counts
+
+
+def test_warmup_replays_land_on_the_reachable_variants(report):
+    # warmup() launches each variant's first launch again, for real: same variant, every dtype.
+    assert report["warmup_replays_every_variant"] == {d: True for d in DTYPES}
+
+
+def test_capture_restores_what_it_patched(report):
+    assert report["restored"]
+
+
+def test_table_lists_every_kernel_dtype_target(report):
+    for kernel in KERNELS:
+        for dtype in DTYPES:
+            for target in TARGETS:
+                assert any(line.split()[:3] == [kernel, dtype, target] for line in report["table"].splitlines())
+
+
+# ----------------------------------------------------------------------------
+# In this process: the compile helper itself, on a deliberately broken kernel
+# ----------------------------------------------------------------------------
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _tiny_dot_kernel(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tile = i[:, None] * BLOCK + i[None, :]  # [BLOCK, BLOCK] row-major offsets
+        a = tl.load(a_ptr + tile)
+        b = tl.load(b_ptr + tile)
+        tl.store(c_ptr + tile, tl.dot(a, b))  # fp16 x fp32 has no MMA: the compiler must refuse
+
+
+@pytest.mark.parametrize("b_type,compiles", [("*fp16", True), ("*fp32", False)], ids=["fp16xfp16", "fp16xfp32"])
+def test_compile_helper_reports_a_broken_kernel(b_type, compiles):
+    """compile_kernel accepts the @triton.jit object of either mode (here an interpreter
+    object: it rebuilds the JITFunction) and turns a compiler error into a failed result."""
+    from kernels.aot import A100, compile_kernel
+
+    sig = {"a_ptr": "*fp16", "b_ptr": b_type, "c_ptr": "*fp32", "BLOCK": "constexpr"}
+    res = compile_kernel(_tiny_dot_kernel, sig, {"BLOCK": 16}, gpu=A100)
+    assert res.ok is compiles, res
+    if compiles:
+        assert res.registers is not None and not res.problems(), res
+    else:
+        assert "dtype" in res.error and res.problems() == [f"does not compile: {res.error}"], res
+
+
+def test_warmup_is_a_noop_off_cuda():
+    from kernels import warmup
+
+    assert warmup(SMOLLM2, torch.bfloat16, 16, "cpu") == 0
+    assert warmup(SMOLLM2, "float32", 8192, torch.device("cpu"), progress=False) == 0
+
+
+@pytest.mark.gpu
+def test_warmup_leaves_nothing_to_compile_while_serving():
+    """After warmup, engine-like launches of any batch and table width hit the JIT cache."""
+    from kernels import paged_decode_attention, paged_prefill_attention, store_kv, warmup
+    from kernels.aot import find_jit_kernels
+
+    model, dtype, bs = SMOLLM2, torch.bfloat16, 16
+    assert warmup(model, dtype, bs, "cuda", max_num_seqs=64, progress=False) >= 5
+
+    def cached() -> int:
+        return sum(len(caches[0]) for fn in find_jit_kernels().values() for caches in fn.device_caches.values())
+
+    before = cached()
+    Hq, Hkv, D = 9, 3, 64
+    kc = torch.zeros(64, bs, Hkv, D, device="cuda", dtype=dtype)
+    vc = torch.zeros_like(kc)
+    for B, width in [(1, 1), (1, 300), (7, 16), (64, 33), (33, 512)]:
+        q = torch.randn(B, Hq, D, device="cuda", dtype=dtype)
+        tables = torch.zeros(B, width, dtype=torch.int32, device="cuda")
+        ctx = torch.full((B,), min(width * bs, 8000), dtype=torch.int32, device="cuda")
+        paged_decode_attention(q, kc, vc, tables, ctx, D ** -0.5)
+        qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+        paged_prefill_attention(q, kc, vc, tables, qsl, ctx, D ** -0.5, max_query_len=1)
+        qkv = torch.zeros(B, (Hq + 2 * Hkv) * D, device="cuda", dtype=dtype)
+        k = torch.zeros(B, Hkv, D, device="cuda", dtype=dtype)
+        store_kv(k, qkv[:, (Hq + Hkv) * D:].view(B, Hkv, D), kc, vc, torch.zeros(B, dtype=torch.long, device="cuda"))
+    torch.cuda.synchronize()
+    assert cached() == before, "a launch compiled a variant warmup did not"
