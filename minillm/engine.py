@@ -24,7 +24,7 @@ from .metrics import StepRecord, record_step
 from .model import build_model
 from .model_runner import ModelOutput, ModelRunner
 from .request import FinishReason, Request, RequestMetrics
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, sample_at
 from .scheduler import Scheduler, SchedulerOutput, build_scheduler
 
 
@@ -97,8 +97,10 @@ class LLMEngine:
         rid = str(next(self._ids)) if request_id is None else request_id
         arrival = self.clock.now() if arrival_time is None else arrival_time
         req = Request(rid, ids, params, prompt=text, arrival_time=arrival)
-        seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + next(self._seed_counter)
-        req.generator = torch.Generator(device=self.device).manual_seed(seed)
+        # The request's seed; the noise of the token at position p is drawn from (seed, p)
+        # (``sampling.position_noise``), with ``generator`` as scratch space re-seeded per draw.
+        req.seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + next(self._seed_counter)
+        req.generator = torch.Generator(device=self.device)
         if self.tokenizer is not None:
             from .detokenizer import IncrementalDetokenizer
 
@@ -159,7 +161,9 @@ class LLMEngine:
         if self.speculator is not None:
             return self.speculator.verify(out, model_out)
         reqs = [out.rows[i].request for i in model_out.rows]
-        tokens = sample(model_out.logits, [r.sampling_params for r in reqs], [r.generator for r in reqs])
+        # Each token lands at index r.num_tokens of its request: its noise comes from there.
+        tokens = sample_at(model_out.logits, [r.sampling_params for r in reqs], [r.seed for r in reqs],
+                           [r.num_tokens for r in reqs], [r.generator for r in reqs])
         return {i: [t] for i, t in zip(model_out.rows, tokens.tolist())}  # .tolist(): the step's one host read
 
     @property

@@ -77,7 +77,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     block_ids: list[int] = field(default_factory=list)  # the KV blocks this request holds
-    generator: Any = None  # torch.Generator, set by the engine
+    seed: int | None = None  # sampling seed (params.seed or one the engine derives): noise of position p = f(seed, p)
+    generator: Any = None  # torch.Generator, set by the engine: scratch space, re-seeded for each position's noise
     detokenizer: Any = None  # IncrementalDetokenizer, set by the engine when it has a tokenizer
     output_text: str = ""
     num_speculative_tokens: int | None = None  # this request's k (adaptive speculation), None = the config's

@@ -119,17 +119,37 @@ def compute_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> tor
     return probs
 
 
-def sample_from_probs(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
-    """One token per row, each row drawing only from its own generator.
+def exponential_noise(n: int, V: int, generator: torch.Generator | None = None,
+                      device: torch.device | str | None = None) -> torch.Tensor:
+    """[n, V] float32 draws of Exp(1), as -log(1 - U) with U ~ U[0, 1) from ``generator``.
 
-    Uses the exponential-race trick: argmax(p / E) with E ~ Exp(1) picks index i with
-    probability p_i, and needs exactly V random numbers per row, whatever p is.
+    One uniform and one log per entry (``Tensor.exponential_`` gives the same law but is
+    several times slower on a CPU). 1 - U lies in (0, 1], so every draw is finite and >= 0.
     """
-    out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
-    for i, g in enumerate(generators):
-        e = torch.empty_like(probs[i]).exponential_(generator=g)
-        out[i] = (probs[i] / e).argmax()
-    return out
+    if generator is not None:
+        device = generator.device
+    return torch.rand(n, V, generator=generator, device=device).neg_().log1p_().neg_()
+
+
+def exponential_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """argmax(probs / noise) over the last dim: with noise ~ Exp(1), index i wins with probability probs[i].
+
+    Why: E_i / p_i ~ Exp(rate p_i), and the smallest of independent exponentials is the one
+    of rate p_i with probability p_i / sum(p) (the "exponential race"; the same draw as the
+    Gumbel-max trick, log p_i - log E_i = log p_i + Gumbel). It needs V random numbers per
+    row whatever p is, and the noise can be fixed before p is known: the property that
+    speculative verification builds on (``minillm/spec/rejection_sampler.py``,
+    ``coupled_verify``). Zero-probability entries score 0, so a noise of exactly 0 cannot
+    make 0/0 = nan win the argmax.
+    """
+    return torch.where(probs > 0, probs / noise, 0.0).argmax(dim=-1)
+
+
+def sample_from_probs(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One token per row, each row drawing its V exponentials from its own generator, in turn."""
+    V = probs.shape[-1]
+    noise = torch.cat([exponential_noise(1, V, g, probs.device) for g in generators])
+    return exponential_race(probs, noise.to(probs.dtype))
 
 
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
@@ -140,4 +160,111 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     if rows:
         probs = compute_probs(logits[rows], [params[i] for i in rows])
         out[rows] = sample_from_probs(probs, [generators[i] for i in rows])
+    return out
+
+
+# ---------------------------------------------------------------- noise per token position
+#
+# The engine does not draw from a running stream. The noise of the token that lands at
+# index ``position`` of a request's ``all_token_ids`` is a function of (request seed,
+# position) only. A plain decode step, a speculative step that verifies 4 drafts, the
+# draft model proposing them: whoever looks at position p uses the same E_p. So a seeded
+# request's tokens cannot depend on how many drafts a step made, which depends on the
+# batch (the off switch, the token budget, free blocks) -- and speculative verification
+# can emit exactly the tokens plain sampling would have (``coupled_verify``).
+
+_M32, _M64 = (1 << 32) - 1, (1 << 64) - 1
+
+
+def _splitmix64(z: int) -> int:
+    """The SplitMix64 mixer (Steele, Lea and Flood 2014): a bijection of 64-bit integers
+    under which nearby inputs give unrelated outputs."""
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _mix32(x: int) -> int:
+    """A bijection of 32-bit integers that scatters nearby inputs (xorshift-multiply rounds)."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def noise_seed(seed: int, position: int) -> int:
+    """The generator seed, in [0, 2**64), of the noise for token ``position`` of a request seeded ``seed``.
+
+    torch's CPU generator (a Mersenne Twister) keeps only the low 32 bits of a seed:
+    ``manual_seed(1)`` and ``manual_seed(1 + 2**32)`` give the same numbers. So the low 32
+    bits are a bijection of (request hash + position) mod 2**32: two positions of one
+    request never share noise. The high 32 bits are the request's hash (a CUDA generator
+    uses all 64). Two *different* requests can still meet on 32 bits (about L / 2**31 per
+    pair for L positions): that correlates two requests' tokens at one position, never the
+    distribution of either request.
+    """
+    h = _splitmix64(seed)
+    return (h & ~_M32 & _M64) | _mix32((h + position) & _M32)
+
+
+def position_noise(seed: int | None, positions: Sequence[int], V: int, generator: torch.Generator | None = None,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """[len(positions), V] of Exp(1): row j is the noise of token ``positions[j]`` of a request seeded ``seed``.
+
+    ``generator`` is scratch space (re-seeded for every row; its device is the output's);
+    None makes one. ``seed=None`` draws from the global generator instead (unseeded).
+    Cost: one ``manual_seed`` (about a microsecond) and V uniforms per position, the same
+    V numbers per sampled token that any exponential race needs.
+    """
+    if seed is None:
+        return exponential_noise(len(positions), V, None, device)
+    if generator is None:
+        generator = torch.Generator(device=device if device is not None else "cpu")
+    rows = []
+    for pos in positions:
+        generator.manual_seed(noise_seed(seed, pos))
+        rows.append(exponential_noise(1, V, generator))
+    return torch.cat(rows) if rows else torch.empty(0, V, device=generator.device)
+
+
+def sample_from_probs_at(probs: torch.Tensor, seeds: Sequence[int | None], positions: Sequence[int],
+                         generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+    """probs [B, V] -> tokens [B]: row b is the exponential race with the noise of (seeds[b], positions[b])."""
+    B, V = probs.shape
+    gens = [None] * B if generators is None else generators
+    noise = torch.cat([position_noise(s, [pos], V, g, probs.device) for s, pos, g in zip(seeds, positions, gens)])
+    return exponential_race(probs, noise.to(probs.device, probs.dtype))
+
+
+def sample_at(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequence[int | None],
+              positions: Sequence[int], generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+    """The engine's sampler: logits [B, V] -> tokens [B], row b landing at ``positions[b]`` of its request.
+
+    Greedy rows take the argmax and draw nothing; the others are
+    argmax(probs / E) with E = ``position_noise(seeds[b], [positions[b]])``.
+    """
+    out = logits.argmax(dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if rows:
+        probs = compute_probs(logits[rows], [params[i] for i in rows])
+        gens = None if generators is None else [generators[i] for i in rows]
+        out[rows] = sample_from_probs_at(probs, [seeds[i] for i in rows], [positions[i] for i in rows], gens)
+    return out
+
+
+def noise_for_rows(params: Sequence[SamplingParams], seeds: Sequence[int | None], starts: Sequence[int], n: int,
+                   V: int, generators: Sequence[torch.Generator | None] | None = None,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """[B, n, V]: row b's noise at positions starts[b] .. starts[b] + n - 1; all ones for a greedy row.
+
+    A greedy row's probabilities are one-hot, so any positive noise gives its argmax:
+    it draws nothing.
+    """
+    gens = [None] * len(params) if generators is None else generators
+    out = torch.ones(len(params), n, V, device=device)
+    for b, (p, s, start, g) in enumerate(zip(params, seeds, starts, gens)):
+        if not p.greedy:
+            out[b] = position_noise(s, range(start, start + n), V, g, device).to(out.device)
     return out

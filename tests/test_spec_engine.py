@@ -325,8 +325,9 @@ def test_tiny_abort_frees_everything(name):
 
 @pytest.mark.parametrize("name", SPECS)
 def test_tiny_seeded_sampling_is_reproducible_and_batch_independent(name):
-    """Each request draws only from its own generator, and a fixed amount per draft: a seeded
-    request gives the same tokens twice, alone or in a batch."""
+    """The noise of each token position comes from (request seed, position), and verification
+    emits the target's own samples: a seeded request gives the same tokens twice, alone or in a
+    batch, and the same as without speculation (tests/test_seeded_speculation.py varies more)."""
     params = [SamplingParams(temperature=0.8, top_k=20, max_tokens=20, ignore_eos=True, seed=s) for s in range(4)]
     engine = tiny_engine(SPECS[name] | dict(num_speculative_tokens=3, disable_by_batch_size=None))
     batched = [o.token_ids for o in engine.run([engine.make_request(p, sp) for p, sp in zip(tiny_prompts(), params)])]
@@ -334,6 +335,9 @@ def test_tiny_seeded_sampling_is_reproducible_and_batch_independent(name):
     assert batched == again
     solo = [engine.run([engine.make_request(p, sp)])[0].token_ids for p, sp in zip(tiny_prompts(), params)]
     assert solo == batched
+    plain = tiny_engine()
+    assert [o.token_ids for o in plain.run([plain.make_request(p, sp) for p, sp in zip(tiny_prompts(), params)])] \
+        == batched, "speculation must not change a seeded request's tokens"
     assert engine.spec_stats.num_drafts > 0
     assert_all_free(engine)
 

@@ -18,9 +18,10 @@ P(TV >= E[TV] + t) <= exp(-2 n t^2): t = sqrt(ln(1/delta) / (2n)). A correct sam
 fails with probability < delta = 1e-6. With C = 9 cells (top_k = 3) and n = 800 the
 threshold is about 0.143.
 
-A deliberately wrong sampler must fail the same test: "always accept" the drafts makes
+A deliberately wrong verifier must fail the same test: "always accept" the drafts makes
 the second token follow the n-gram proposal (its exact TV from the target is ~0.7 here),
-so a smaller sample (n = 300, threshold 0.233) already exposes it.
+so a smaller sample (n = 300, threshold 0.233) already exposes it. It is swapped in where
+the engine's verifier sits (``Speculator.verifier``, ``coupled_verify`` by default).
 """
 from __future__ import annotations
 
@@ -33,9 +34,8 @@ from minillm import SamplingParams, loader
 from minillm.config import EngineConfig
 from minillm.engine import build_engine
 from minillm.model_runner import prompt_logits
-from minillm.sampling import compute_probs
+from minillm.sampling import compute_probs, exponential_race
 from minillm.spec import exactness as ex
-from minillm.spec.rejection_sampler import emit_tokens
 
 pytestmark = pytest.mark.slow
 
@@ -75,16 +75,20 @@ def make_engine(weights, tok, spec):
 
 
 def sample_joint(engine, ids, n) -> dict[tuple[int, int], float]:
-    """Empirical P(t1, t2) of n requests, each with its own generator (engine-assigned seeds)."""
+    """Empirical P(t1, t2) of n requests, each with its own seed (engine-assigned): its own noise."""
     outs = engine.run([engine.make_request(ids, PARAMS) for _ in range(n)])
     counts = Counter(tuple(o.token_ids[:2]) for o in outs)
     return {c: v / n for c, v in counts.items()}
 
 
-def always_accept(draft_token_ids, draft_probs, target_probs, generator=None):
-    """The wrong sampler: every draft is accepted, whatever the target thinks of it."""
-    accept, emit = ex.always_accept_rule(draft_token_ids, draft_probs, target_probs)
-    return emit_tokens(draft_token_ids, accept, emit, generator)
+def always_accept(draft_token_ids, target_probs, noise):
+    """The wrong verifier: every draft is accepted, whatever the target samples; then the bonus token."""
+    B = draft_token_ids.shape[0]
+    rows = torch.arange(B, device=draft_token_ids.device)
+    n = (draft_token_ids >= 0).sum(dim=-1)  # all of each row's drafts
+    out = torch.cat([draft_token_ids, draft_token_ids.new_full((B, 1), -1)], dim=1)
+    out[rows, n] = exponential_race(target_probs, noise)[rows, n]
+    return out, n + 1
 
 
 # Suffixes down to one token, so a draft is proposed whether t1 is " cat" or " dog".
@@ -110,8 +114,8 @@ def test_sampling_matches_the_target_and_a_wrong_sampler_fails(setup):
                             f"TV {tv:.3f} >= threshold {threshold:.3f} (n={N}, {len(exact)} cells)")
 
     wrong = make_engine(weights, tok, SPEC)
-    wrong.speculator.rejection_sampler = always_accept
+    wrong.speculator.verifier = always_accept
     bad_tv, bad_threshold = tv_test(wrong, ids, exact, N_WRONG)
     assert bad_tv > bad_threshold, (
-        f"the always-accept sampler passed the test (TV {bad_tv:.3f} < {bad_threshold:.3f}): "
+        f"the always-accept verifier passed the test (TV {bad_tv:.3f} < {bad_threshold:.3f}): "
         "the test cannot tell a wrong sampler from a right one")

@@ -29,7 +29,7 @@ from torch import nn
 from ..config import ModelConfig, SpeculativeConfig
 from ..model_runner import ModelRunner
 from ..request import Request
-from ..sampling import sample_from_probs
+from ..sampling import sample_from_probs_at
 from ..scheduler.output import ScheduledRequest, SchedulerOutput
 from .ngram import NgramProposer
 from .rejection_sampler import draft_probs_from_logits
@@ -102,6 +102,11 @@ class DraftSequence:
 class ModelDrafter:
     """A causal LM drafting k tokens per request, sampled under each request's SamplingParams.
 
+    A draft for position p of a request is argmax(q_p / E_p) with E_p the very noise the
+    target will use for that position (``sampling.position_noise``): where q_p is close to
+    p_p the draft is the token the target itself samples, and verification
+    (``rejection_sampler.coupled_verify``) keeps it.
+
     Its KV cache has the same block geometry as the target's and is indexed through the
     target's block tables: the engine reserves blocks for the drafts before drafting, the
     draft model writes positions the target will overwrite when it verifies, and when
@@ -144,8 +149,11 @@ class ModelDrafter:
             q = draft_probs_from_logits(logits[:, None], params)[:, 0]  # [A, V]: exactly what we sample from
             tokens = q.argmax(dim=-1)  # greedy rows: q is one-hot
             sampled = [j for j, p in enumerate(params) if not p.greedy]
-            if sampled:
-                tokens[sampled] = sample_from_probs(q[sampled], [requests[active[j]].generator for j in sampled])
+            if sampled:  # with the noise of the position the draft lands at, shared with the target
+                reqs = [requests[active[j]] for j in sampled]
+                tokens[sampled] = sample_from_probs_at(q[sampled], [r.seed for r in reqs],
+                                                       [seqs[active[j]].num_tokens for j in sampled],
+                                                       [r.generator for r in reqs])
             for j, (i, t) in enumerate(zip(active, tokens.tolist())):
                 seqs[i].num_computed_tokens = seqs[i].num_tokens
                 seqs[i].all_token_ids.append(t)

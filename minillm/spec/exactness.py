@@ -14,6 +14,11 @@ is any function ``prefix tuple -> probabilities [V]``):
 2. Sampling. ``compare_samplers`` draws n outputs from two samplers (e.g. speculative
    decoding with ``rejection_sample`` vs plain sampling from the target) and compares
    the empirical distributions by total variation against a threshold derived from n.
+
+The engine verifies with ``coupled_verify`` instead (noise fixed per token position, see
+``minillm/spec/rejection_sampler.py``); ``sample_speculative_coupled`` and
+``sample_plain_at`` run that scheme and plain sampling on the toy models with the same
+seeds, so the two can be compared token for token as well as in distribution.
 """
 from __future__ import annotations
 
@@ -24,8 +29,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from minillm.sampling import SamplingParams
-from minillm.spec.rejection_sampler import draft_probs_from_logits, rejection_sample, verify_probs
+from minillm.sampling import SamplingParams, exponential_race, position_noise
+from minillm.spec.rejection_sampler import coupled_verify, draft_probs_from_logits, rejection_sample, verify_probs
 
 ToyModel = Callable[[tuple[int, ...]], torch.Tensor]  # prefix -> probabilities [V], float64
 Rule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -269,6 +274,49 @@ def sample_speculative(target: ToyModel, draft: ToyModel, k: int, n: int, m: int
         for r, row, c in zip(active, tokens.tolist(), num.tolist()):
             out[r].extend(row[:c])
     return torch.tensor([o[:m] for o in out], dtype=torch.long)
+
+
+def sample_plain_at(target: ToyModel, n: int, m: int = 2, seed: int = 0,
+                    context: tuple[int, ...] = ()) -> torch.Tensor:
+    """n m-token outputs of plain sampling as the engine does it: [n, m].
+
+    Row r is a request seeded ``seed + r``; the token at position t (the index in
+    context + output) is argmax(p / E) with E = ``position_noise(seed + r, [t])``.
+    """
+    out = []
+    for r in range(n):
+        seq = tuple(context)
+        for _ in range(m):
+            p = target(seq)
+            seq += (int(exponential_race(p, position_noise(seed + r, [len(seq)], p.numel())[0].to(p.dtype))),)
+        out.append(seq[len(context):])
+    return torch.tensor(out, dtype=torch.long).reshape(n, m)
+
+
+def sample_speculative_coupled(target: ToyModel, draft: ToyModel, k: int, n: int, m: int = 2, seed: int = 0,
+                               verifier=coupled_verify, context: tuple[int, ...] = ()) -> torch.Tensor:
+    """n m-token outputs of speculative decoding as the engine runs it: [n, m].
+
+    Row r is a request seeded ``seed + r``. Each round the drafter samples
+    x_t = argmax(q_t / E_t) with the noise of the position t each draft lands at, and
+    ``verifier(draft_ids [1, k], target_probs [1, k+1, V], noise [1, k+1, V])`` sees the
+    same noise (``coupled_verify`` by default). With a correct verifier row r equals row r
+    of ``sample_plain_at`` with the same seed, token for token.
+    """
+    out = []
+    for r in range(n):
+        seq = tuple(context)
+        while len(seq) - len(context) < m:
+            V = target(seq).numel()
+            noise = position_noise(seed + r, range(len(seq), len(seq) + k + 1), V).double()  # [k+1, V]
+            xs: tuple[int, ...] = ()
+            for j in range(k):
+                xs += (int(exponential_race(draft(seq + xs), noise[j])),)
+            p = torch.stack([target(seq + xs[:j]) for j in range(k + 1)])  # [k+1, V]
+            tokens, num = verifier(torch.tensor([xs], dtype=torch.long).reshape(1, k), p[None], noise[None])
+            seq += tuple(tokens[0, :int(num[0])].tolist())
+        out.append(seq[len(context):len(context) + m])
+    return torch.tensor(out, dtype=torch.long).reshape(n, m)
 
 
 def tv_threshold(n: int, num_cells: int, delta: float = 1e-6, two_sample: bool = True) -> float:

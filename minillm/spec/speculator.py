@@ -9,17 +9,24 @@ One engine step with speculation is the plain step with two more calls:
     2. propose      the drafter fills ``row.spec_token_ids`` (at most ``max_drafts``)
     3. forward      ONE target forward: each row feeds its known token + its drafts and
                     gets k + 1 logits rows
-    4. verify       ``rejection_sample`` turns them into 1..k+1 tokens per row, exactly
-                    distributed as the target's samples
+    4. verify       ``coupled_verify`` turns them into 1..k+1 tokens per row: exactly
+                    the tokens plain sampling would have drawn
     5. update       the scheduler's one ``update``: tokens appended with stop checks on
                     each, and the blocks of rejected drafts given back (``rollback``)
 
 So the speculator owns no KV space and no model runner: it drafts into the space the
 scheduler reserved and verifies the logits the runner handed back.
 
-Random numbers: row by row, each request draws only from its own generator, and a
-request with s drafts always draws s uniforms and V exponentials, so its stream does
-not depend on what else is in the batch.
+Random numbers: none comes from a running stream. The noise of the token that lands at
+position p of a request is a function of (request seed, p) (``sampling.position_noise``),
+and the plain sampler, the draft model and the verifier all use it for that position.
+The verifier emits y_p = argmax(p_p / E_p) -- plain sampling's token -- wherever the
+walk reaches, so a seeded request's output is the same with or without speculation,
+alone or in any batch: how many drafts a step makes depends on the batch (the off
+switch, the token budget, free blocks), and with a stream it would shift every later
+random number. With a deterministic drafter this walk is exactly the rejection rule of
+chapter 5 (``rejection_sample``); with a sampling drafter it accepts less often
+(``rejection_sampler.coupled_acceptance_rate``).
 """
 from __future__ import annotations
 
@@ -32,12 +39,13 @@ import torch
 from ..config import SpeculativeConfig
 from ..model_runner import ModelOutput
 from ..request import Request
-from ..sampling import sample
+from ..sampling import noise_for_rows, sample_at
 from ..scheduler.output import SchedulerOutput
 from . import policy
-from .rejection_sampler import rejection_sample, target_probs_from_logits
+from .rejection_sampler import coupled_verify, target_probs_from_logits
 
-RejectionSampler = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+# (draft_token_ids [G, s], target_probs [G, s+1, V], noise [G, s+1, V]) -> (tokens [G, s+1], num [G])
+Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -97,7 +105,7 @@ class Speculator:
         self.config = config
         self.drafter = drafter
         self.stats = SpecStats()
-        self.rejection_sampler: RejectionSampler = rejection_sample  # the exactness test swaps in a wrong one
+        self.verifier: Verifier = coupled_verify  # the exactness test swaps in a wrong one
         self.requests: dict[Request, deque] = {}  # recent (drafts, accepted) per request, for adaptive k
 
     def reset_stats(self) -> None:
@@ -121,9 +129,11 @@ class Speculator:
 
     # -- 4. verify ---------------------------------------------------------------------
     def verify(self, out: SchedulerOutput, model_out: ModelOutput) -> dict[int, list[int]]:
-        """Rejection-sample every sampling row -> row index -> emitted tokens.
+        """Verify every sampling row -> row index -> emitted tokens.
 
         Rows are grouped by their number of drafts s, so each group is one batched call.
+        A row's logits j predict the token at position ``request.num_tokens + j``: its
+        noise comes from there.
         """
         self.stats.target_forwards += 1
         logits = model_out.logits
@@ -132,19 +142,19 @@ class Speculator:
             groups[len(out.rows[i].spec_token_ids)].append((i, offset))
         emitted: dict[int, list[int]] = {}
         for s, members in groups.items():
-            rows = [out.rows[i] for i, _ in members]
-            params = [row.request.sampling_params for row in rows]
-            gens = [row.request.generator for row in rows]
+            reqs = [out.rows[i].request for i, _ in members]
+            params = [r.sampling_params for r in reqs]
+            seeds, starts, gens = [r.seed for r in reqs], [r.num_tokens for r in reqs], [r.generator for r in reqs]
             index = torch.tensor([[o + j for j in range(s + 1)] for _, o in members], device=logits.device)
             if s == 0:  # nothing to verify: the plain sampler
-                tokens = sample(logits[index[:, 0]], params, gens)
+                tokens = sample_at(logits[index[:, 0]], params, seeds, starts, gens)
                 for (i, _), t in zip(members, tokens.tolist()):
                     emitted[i] = [t]
                 continue
             p = target_probs_from_logits(logits[index], params)  # [G, s+1, V]
-            d = torch.tensor([row.spec_token_ids for row in rows], device=logits.device)  # [G, s]
-            q = None if self.drafter.deterministic else torch.stack([row.draft_probs for row in rows])
-            tokens, num = self.rejection_sampler(d, q, p, gens)  # [G, s+1], [G]
+            noise = noise_for_rows(params, seeds, starts, s + 1, p.shape[-1], gens, p.device)  # [G, s+1, V]
+            d = torch.tensor([out.rows[i].spec_token_ids for i, _ in members], device=logits.device)  # [G, s]
+            tokens, num = self.verifier(d, p, noise)  # [G, s+1], [G]
             for (i, _), toks, n in zip(members, tokens.tolist(), num.tolist()):
                 emitted[i] = toks[:n]
         self._count(out, emitted)
