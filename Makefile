@@ -26,13 +26,13 @@ $(STAMP): requirements.txt pyproject.toml
 
 # JupyterLab on chapters/, headless: it prints the URL (with its token) to open. It listens on
 # this machine only; `make lab LAB_PORT=8890` moves it, LAB_IP=0.0.0.0 opens it to the network
-# (what a container's port mapping needs). As root (containers, cloud notebooks) minillm/lab.py
+# (what a container's port mapping needs). As root (containers, cloud notebooks) minillm/lab/jupyter.py
 # adds --allow-root, without which jupyter refuses to start there.
 LAB_IP   ?= 127.0.0.1
 LAB_PORT ?= 8888
 
 lab: setup
-	$(PY) minillm/lab.py --ip $(LAB_IP) --port $(LAB_PORT) --root-dir chapters
+	$(PY) minillm/lab/jupyter.py --ip $(LAB_IP) --port $(LAB_PORT) --root-dir chapters
 
 # Seconds one notebook cell may run before nbval interrupts it and fails, naming the cell:
 # a hung kernel then fails the run in minutes (nbval's own default is 2000 s). The slowest

@@ -38,7 +38,7 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
     Hints: build Python lists row by row, then one ``torch.tensor(..., dtype=torch.long)``.
 
-    Answer, after you try: ``minillm/hf_baselines.py``, ``left_pad``.
+    Answer, after you try: ``minillm/lab/hf_baselines.py``, ``left_pad``.
     """
     raise NotImplementedError
 
@@ -59,7 +59,7 @@ def static_num_steps(output_lens: list[int], max_num_seqs: int) -> int:
     Hint: slice the list in steps of B.
 
     Answer, after you try: ``minillm/scheduler/static.py`` (run it with
-    ``minillm.cost_model.simulate(..., engine="static")`` and count the steps).
+    ``minillm.lab.cost_model.simulate(..., engine="static")`` and count the steps).
     """
     raise NotImplementedError
 

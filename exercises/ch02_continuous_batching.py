@@ -66,7 +66,7 @@ def continuous_num_steps(prompt_lens: list[int], output_lens: list[int], max_num
     Hint: you do not need a model. Count, per request, tokens computed and tokens
     generated (or build ``Request`` objects and reuse ``schedule_step``).
 
-    Answer, after you try: ``minillm/cost_model.py``, ``simulate`` (the real scheduler
+    Answer, after you try: ``minillm/lab/cost_model.py``, ``simulate`` (the real scheduler
     on a virtual clock).
     """
     raise NotImplementedError

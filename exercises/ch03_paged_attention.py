@@ -117,7 +117,7 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
     the case m_new == -inf (then use 0 instead of m_new in the subtraction) with
     ``torch.where``. ``torch.einsum("hn,nhd->hd", p, v)`` is the weighted sum.
 
-    Answer, after you try: ``kernels/paged_decode_attention.py``, the loop of
+    Answer, after you try: ``minillm/kernels/paged_decode_attention.py``, the loop of
     ``_paged_decode_kernel`` (it works in base 2 and starts m at -1e30 instead).
     """
     raise NotImplementedError
@@ -148,7 +148,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ``repeat_interleave(Hq // Hkv, dim=1)`` lines KV heads up with query heads;
     compute in float32.
 
-    Answer, after you try: ``kernels/paged_decode_attention.py`` (the kernel and
+    Answer, after you try: ``minillm/kernels/paged_decode_attention.py`` (the kernel and
     ``paged_decode_attention_ref``), and ``minillm/attention.py``, ``torch_attention``.
     """
     raise NotImplementedError

@@ -139,6 +139,6 @@ def decode_stall_steps(step_ends: list[float], token_times: list[list[float]]) -
     With chunking off every prefill step that runs while others decode is a stall;
     with chunked prefill the count is 0.
 
-    Answer, after you try: ``minillm/metrics.py``, ``decode_stall_steps``.
+    Answer, after you try: ``minillm/lab/summary.py``, ``decode_stall_steps``.
     """
     raise NotImplementedError

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "generate":
             return generate(rest)
         if cmd == "bench":
-            from .bench import main as bench_main
+            from minillm.lab.bench import main as bench_main
             return bench_main(rest)
     except (ValueError, FileNotFoundError) as e:
         # Bad input is the user's to fix: one line, no traceback.

@@ -13,7 +13,7 @@ the special case of one block of ``max_model_len`` tokens per sequence, so the
 contiguous and the paged engines share this code.
 
 Two backends with one signature: ``torch`` (readable, the oracle) and ``triton``
-(``kernels/``).
+(``minillm/kernels/``).
 """
 from __future__ import annotations
 
@@ -123,9 +123,9 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def triton_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """The same contract through the Triton kernels in ``kernels/``."""
-    from kernels.paged_decode_attention import paged_decode_attention
-    from kernels.paged_prefill_attention import paged_prefill_attention
+    """The same contract through the Triton kernels in ``minillm/kernels/``."""
+    from minillm.kernels.paged_decode_attention import paged_decode_attention
+    from minillm.kernels.paged_prefill_attention import paged_prefill_attention
 
     if meta.is_pure_decode:
         return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
@@ -134,7 +134,7 @@ def triton_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def triton_write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    from kernels.store_kv import store_kv
+    from minillm.kernels.store_kv import store_kv
 
     store_kv(k, v, k_cache, v_cache, slot_mapping)
 

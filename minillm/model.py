@@ -56,7 +56,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_triton and x.is_cuda:
-            from kernels.rmsnorm import rms_norm as triton_rms_norm
+            from minillm.kernels.rmsnorm import rms_norm as triton_rms_norm
 
             return triton_rms_norm(x, self.weight, self.eps)
         return rms_norm(x, self.weight, self.eps)

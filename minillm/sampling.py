@@ -1,8 +1,10 @@
 """SamplingParams (validated at construction) and the sampler.
 
 The sampler turns a row of logits into one token: temperature, then top-k, then
-top-p, then a draw. Each request owns a ``torch.Generator``, and draws only from it,
-so a seeded request produces the same text whatever else shares its batch.
+top-p, then a draw. The noise of the draw for the token at position p of a request
+comes from (the request's seed, p) alone (``position_noise``), so a seeded request
+produces the same text whatever else shares its batch, and whether or not its tokens
+were drafted and verified (speculative decoding) or sampled one by one.
 Temperature 0 means greedy (argmax), with no randomness at all.
 """
 from __future__ import annotations

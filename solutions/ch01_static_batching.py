@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from minillm import hf_baselines
-from minillm.cost_model import simulate
-from minillm.workload import workload_from_lengths
+from minillm.lab import hf_baselines
+from minillm.lab.cost_model import simulate
+from minillm.lab.workload import workload_from_lengths
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read ``minillm/hf_baselines.py``, ``left_pad``: how ``hf-generate`` batches a group."""
+    """Read ``minillm/lab/hf_baselines.py``, ``left_pad``: how ``hf-generate`` batches a group."""
     return hf_baselines.left_pad(prompts, pad_id)
 
 

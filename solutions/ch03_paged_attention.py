@@ -2,7 +2,7 @@
 
 Block arithmetic comes straight from ``minillm/block_manager.py``; the allocator
 functions spell out what ``BlockAllocator`` does on its own state; the attention
-answers are a PyTorch transcription of the loop in ``kernels/paged_decode_attention.py``.
+answers are a PyTorch transcription of the loop in ``minillm/kernels/paged_decode_attention.py``.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # exercises/, solutions/, kernels/ are importable from the root
+    sys.path.insert(0, str(ROOT))  # exercises/ and solutions/ are importable from the root
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

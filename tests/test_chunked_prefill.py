@@ -348,7 +348,7 @@ def _step(k: int, end: float, new: list[int]):
 
 
 def test_decode_stall_steps_and_summary_fields():
-    from minillm.metrics import RunResult, decode_stall_steps, summarize
+    from minillm.lab.summary import RunResult, decode_stall_steps, summarize
     from minillm.request import RequestMetrics
 
     steps = [_step(k, float(k + 1), n) for k, n in enumerate([[5, 4], [1, 1], [30], [1, 1, 1], [1, 1, 1]])]
@@ -364,7 +364,7 @@ def test_decode_stall_steps_and_summary_fields():
 
 
 def test_long_prompt_arrival_workload():
-    from minillm.workload import make_workload
+    from minillm.lab.workload import make_workload
 
     w = make_workload("long-prompt-arrival", 8, seed=0)
     assert w == make_workload("long-prompt-arrival", 8, seed=0), "same name and seed, same requests"
@@ -388,7 +388,7 @@ def test_long_prompt_arrival_workload():
     (["--engine", "paged", "--max-num-batched-tokens", "0"], "at least one token"),
 ])
 def test_bench_bad_chunked_settings(argv, needle, capsys):
-    from minillm import bench
+    from minillm.lab import bench
 
     with pytest.raises(SystemExit) as e:
         bench.main(["--workload", "long-prompt-arrival", "--num-requests", "4", "--dummy-weights", *argv])
@@ -400,7 +400,7 @@ def test_bench_cli_chunked_prefill_json(tmp_path):
     # Dummy weights (no tokenizer): a few tiny requests, just to check the flags and the JSON.
     import json
 
-    from minillm import bench
+    from minillm.lab import bench
 
     common = ["--engine", "paged", "--workload", "long-prompt-arrival", "--num-requests", "3", "--dummy-weights",
               "--no-progress", "--max-num-seqs", "4", "--workload-param", "long_prompt=120",

@@ -47,7 +47,7 @@ def test_system_without_chat_is_an_error():
 
 
 def _bench_fails_before_running(argv, monkeypatch, capsys):
-    from minillm import bench
+    from minillm.lab import bench
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("the benchmark ran before its arguments were checked")

@@ -73,8 +73,8 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
 
 
 def load_lab_module():
-    """minillm/lab.py loaded by path, as `make lab` runs it: without importing the minillm package."""
-    spec = importlib.util.spec_from_file_location("minillm_lab", ROOT / "minillm" / "lab.py")
+    """minillm/lab/jupyter.py loaded by path, as `make lab` runs it: without importing the minillm package."""
+    spec = importlib.util.spec_from_file_location("minillm_lab", ROOT / "minillm" / "lab" / "jupyter.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,6 +1,6 @@
 """The KV-memory numbers of the benchmark: kv_waste_fraction, max_concurrency, preemptions.
 
-Definitions (minillm/metrics.py):
+Definitions (minillm/lab/summary.py):
 
 * kv_waste_fraction: per step, (reserved - used) / reserved of the KV memory held by the
   requests holding KV space after the step; averaged over steps weighted by duration.
@@ -16,13 +16,13 @@ import json
 
 import pytest
 
-from minillm import bench
+from minillm.lab import bench
 from minillm.config import EngineConfig, ModelConfig
 from minillm.scheduler import build_scheduler
-from minillm.metrics import (RunResult, StepRecord, format_table, kv_waste_fraction, max_concurrency, record_step,
-                             summarize)
+from minillm.metrics import StepRecord, record_step
+from minillm.lab.summary import RunResult, format_table, kv_waste_fraction, max_concurrency, summarize
 from minillm.request import Request, RequestMetrics
-from minillm.workload import make_workload
+from minillm.lab.workload import make_workload
 
 PER_TOKEN = ModelConfig().kv_bytes_per_token(4)
 
@@ -175,7 +175,7 @@ def test_plot_block_tables_draws_every_block():
     import matplotlib
 
     matplotlib.use("Agg")
-    from minillm import viz
+    from minillm.lab import viz
 
     tables = {"0": [3, 0, 5], "1": [1, 4]}
     ax = viz.plot_block_tables(tables, num_blocks=8, block_size=4, num_tokens={"0": 10, "1": 5}, arrows=True)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from minillm.sampling import SamplingParams, compute_probs, sample, sample_from_probs
-from minillm.spec import exactness as ex
+from minillm.lab import exactness as ex
 from minillm.spec.rejection_sampler import (
     acceptance_rate,
     draft_probs_from_logits,

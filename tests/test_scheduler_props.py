@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.metrics import record_step, slot_utilization
+from minillm.metrics import record_step
+from minillm.lab.summary import slot_utilization
 from minillm.request import Request
 from minillm.sampling import SamplingParams
 from minillm.scheduler import ContinuousScheduler, StaticScheduler

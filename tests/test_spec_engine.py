@@ -424,7 +424,7 @@ def test_bench_cli_speculative_json(tmp_path):
     """--speculative / --num-speculative-tokens reach the paged engine; the JSON has the counters."""
     import json
 
-    from minillm import bench
+    from minillm.lab import bench
 
     common = ["--engine", "paged", "--workload", "grounded", "--num-requests", "2", "--max-num-seqs", "1",
               "--no-progress", "--workload-param", "output_len=12"]

@@ -10,12 +10,12 @@ import pytest
 
 matplotlib.use("Agg")
 
-from minillm import bench, viz  # noqa: E402
-from minillm.cost_model import CostModel, simulate  # noqa: E402
-from minillm.metrics import (RunResult, StepRecord, format_table, percentiles, slot_accounting,  # noqa: E402
-                             slot_utilization, summarize)
+from minillm.lab import bench, viz  # noqa: E402
+from minillm.lab.cost_model import CostModel, simulate  # noqa: E402
+from minillm.metrics import StepRecord, slot_accounting
+from minillm.lab.summary import RunResult, format_table, percentiles, slot_utilization, summarize
 from minillm.request import RequestMetrics  # noqa: E402
-from minillm.workload import WORKLOADS, make_workload, workload_from_lengths  # noqa: E402
+from minillm.lab.workload import WORKLOADS, make_workload, workload_from_lengths  # noqa: E402
 
 # -- workloads ---------------------------------------------------------------------------
 
@@ -267,7 +267,7 @@ def test_workload_params_are_checked_by_name(name, params, match):
 def test_workload_param_table_matches_the_length_functions():
     import inspect
 
-    from minillm.workload import WORKLOAD_PARAMS
+    from minillm.lab.workload import WORKLOAD_PARAMS
 
     for name, fn in WORKLOADS.items():
         assert list(inspect.signature(fn).parameters)[2:] == list(WORKLOAD_PARAMS[name]), name

@@ -15,7 +15,7 @@ Every emitted token then has exactly the target's distribution: the accepted mas
 min(p, q), the rejected mass is sum(max(0, q - p)) = sum(max(0, p - q)), and the residual
 puts that mass where p exceeds q. One step emits between 1 and k + 1 tokens.
 
-The code is split in two so the exactness test (``minillm/spec/exactness.py``) can check
+The code is split in two so the exactness test (``minillm/lab/exactness.py``) can check
 the very function the sampler runs:
 
     verify_probs   deterministic: the acceptance probability of every draft and the

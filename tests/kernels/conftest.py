@@ -38,7 +38,7 @@ def _interpreter_ready() -> bool:
     """
     import triton.language as tl
 
-    from kernels import rmsnorm
+    from minillm.kernels import rmsnorm
 
     return all(type(f).__name__ == "InterpretedFunction" for f in (tl.cdiv, rmsnorm._rms_norm_kernel))
 

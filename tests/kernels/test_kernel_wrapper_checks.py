@@ -6,7 +6,7 @@ All checks run before any kernel launch, so these tests are fast everywhere.
 import pytest
 import torch
 
-from kernels import HAS_TRITON, paged_decode_attention, paged_prefill_attention, rms_norm, store_kv
+from minillm.kernels import HAS_TRITON, paged_decode_attention, paged_prefill_attention, rms_norm, store_kv
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 

@@ -30,7 +30,7 @@ from kernel_cases import (
     PREFILL_SEQS,
 )
 
-from kernels import (
+from minillm.kernels import (
     H100,
     paged_decode_attention,
     paged_decode_attention_ref,
@@ -41,8 +41,8 @@ from kernels import (
 
 # The package re-exports functions named like their modules, so fetch the
 # modules themselves (for monkeypatching the tile configs) via importlib.
-decode_mod = importlib.import_module("kernels.paged_decode_attention")
-prefill_mod = importlib.import_module("kernels.paged_prefill_attention")
+decode_mod = importlib.import_module("minillm.kernels.paged_decode_attention")
+prefill_mod = importlib.import_module("minillm.kernels.paged_prefill_attention")
 
 
 def naive_attention(q, k, v, scale):

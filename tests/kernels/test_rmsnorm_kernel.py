@@ -2,7 +2,7 @@ import pytest
 import torch
 from kernel_cases import GPU_DTYPES, INTERP_DTYPES, RMS_GPU, RMS_INTERP
 
-from kernels import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
+from minillm.kernels import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
 
 
 def test_rms_norm_ref_matches_formula():

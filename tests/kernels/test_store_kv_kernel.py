@@ -2,7 +2,7 @@ import pytest
 import torch
 from kernel_cases import GPU_DTYPES, STORE_KV_GPU_T, STORE_KV_INTERP
 
-from kernels import store_kv, store_kv_ref
+from minillm.kernels import store_kv, store_kv_ref
 
 
 def _check(T, H, D, block_size, num_blocks, dtype, slot_dtype, device, pad_every=3):

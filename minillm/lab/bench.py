@@ -24,7 +24,7 @@ output_tokens_per_s, forward_passes, slot_utilization, ttft_s / tpot_s / itl_s /
 kv_used_bytes_peak; plus the settings it ran with and ``same_tokens_as``, the fraction
 of requests whose tokens equal those of the first engine listed.
 
-KV memory (definitions in metrics.py), in every minillm result: kv_waste_fraction
+KV memory (definitions in summary.py), in every minillm result: kv_waste_fraction
 (reserved-but-unused share of the KV the running requests hold, time-averaged),
 max_concurrency (the most requests running at once), preemptions, attention_backend.
 The paged engine's KV cache is ``--num-blocks`` blocks of ``--block-size`` tokens; by
@@ -65,9 +65,9 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from .config import ATTENTION_BACKENDS, ENGINES, EngineConfig
-from .metrics import RunResult, format_table, summarize
-from .workload import WORKLOADS, Workload, make_workload
+from minillm.config import ATTENTION_BACKENDS, ENGINES, EngineConfig
+from minillm.lab.summary import RunResult, format_table, summarize
+from minillm.lab.workload import WORKLOADS, Workload, make_workload
 
 
 MINILLM_ENGINES = tuple(e for e in ENGINES if e != "simple")  # "simple" is continuous with one slot
@@ -120,8 +120,8 @@ def run_minillm(engine: str | EngineConfig, workload: Workload, weights, tokeniz
 
     ``engine``: an ``EngineConfig``, or an engine name with ``options`` (EngineConfig fields).
     """
-    from .engine import build_engine
-    from .sampling import SamplingParams
+    from minillm.engine import build_engine
+    from minillm.sampling import SamplingParams
 
     cfg = engine if isinstance(engine, EngineConfig) else EngineConfig(engine=engine, **options)
     eng = build_engine(cfg, weights=weights, tokenizer=tokenizer)
@@ -147,7 +147,7 @@ def run_minillm(engine: str | EngineConfig, workload: Workload, weights, tokeniz
 
 def check_paged_settings(block_size: int, num_blocks: int | None, attention_backend: str | None) -> None:
     """Fail before any weight loads: a power-of-two block size, num_blocks >= 1, a known backend."""
-    from .config import ATTENTION_BACKENDS
+    from minillm.config import ATTENTION_BACKENDS
 
     if (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
             or block_size & (block_size - 1)):
@@ -187,7 +187,7 @@ def check_speculative(engines: Sequence[str], speculative: dict | None) -> None:
     """Validate the speculative option before any weight loads (it applies to the paged engine)."""
     if speculative is None:
         return
-    from .config import SpeculativeConfig
+    from minillm.config import SpeculativeConfig
 
     SpeculativeConfig.from_dict(speculative)
     if "paged" not in engines:
@@ -217,14 +217,14 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
     """Run ``engines`` one after the other on ``workload`` in this process.
 
     ``speculative`` (the ``LLM(speculative=...)`` dict) applies to the paged engine."""
-    from . import loader
+    from minillm import loader
 
     check_settings(max_num_seqs, max_num_batched_tokens, max_model_len, None)
     check_paged_settings(block_size, num_blocks, attention_backend)
     engines = parse_engines(",".join(engines))
     check_chunked_prefill(engines, enable_chunked_prefill)
     check_speculative(engines, speculative)
-    from .config import ModelConfig
+    from minillm.config import ModelConfig
 
     # Resolve every engine's configuration now: a bad option fails before any weight loads.
     L = max_model_len or workload.default_max_model_len()
@@ -246,17 +246,17 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
     for name in engines:
         if name in MINILLM_ENGINES:
             if weights is None:
-                from .config import ModelConfig
+                from minillm.config import ModelConfig
                 if dummy_weights:
                     weights = loader.dummy_weights(ModelConfig())
                 else:
                     weights, tokenizer = loader.load_weights(), loader.load_tokenizer()
             res = run_minillm(configs[name], workload, weights, tokenizer, progress=progress)
         else:
-            from . import hf_baselines
+            from minillm.lab import hf_baselines
             if hf_model is None:
                 if dummy_weights:
-                    from .config import ModelConfig
+                    from minillm.config import ModelConfig
                     cfg = ModelConfig()
                     hf_model = loader.hf_model_from_weights(weights or loader.dummy_weights(cfg), cfg)
                 else:
@@ -365,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         tokenizer = None
         if not args.dummy_weights:
-            from . import loader
+            from minillm import loader
             tokenizer = loader.load_tokenizer()
         workload = make_workload(args.workload, args.num_requests, args.seed, tokenizer,
                                  arrival="poisson" if args.request_rate else "offline",

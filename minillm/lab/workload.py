@@ -20,7 +20,7 @@ Length mixes (``WORKLOADS``):
               (1536) tokens arrive at ``first_arrival_s`` + k * ``arrival_gap_s``. Its
               arrivals are part of the workload ("scripted"): no request rate.
     grounded  chat requests whose answer copies from the prompt (repeat a passage, fix its
-              typos, quote it, edit code; ``minillm/spec/prompts.py``), ``output_len`` (48)
+              typos, quote it, edit code; ``minillm/lab/prompts.py``), ``output_len`` (48)
               new tokens: where prompt lookup drafts well (chapter 5).
     open      chat requests for free generation (a story, an explanation), ``output_len`` (64).
 
@@ -34,7 +34,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .sampling import SamplingParams
+from minillm.sampling import SamplingParams
 
 ARRIVALS = ("offline", "poisson")
 
@@ -290,7 +290,7 @@ def make_workload(name: str, num_requests: int, seed: int = 0, tokenizer=None, *
         raise ValueError(f"workload {name!r} with {params} produced an empty prompt or output")
     rng = random.Random(f"{name}:{seed}:prompts")
     if name in CHAT_TASK_WORKLOADS and tokenizer is not None:
-        from .spec.prompts import chat_prompts
+        from minillm.lab.prompts import chat_prompts
 
         prompts = chat_prompts(tokenizer, name, num_requests)
     else:

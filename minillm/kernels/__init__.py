@@ -8,8 +8,8 @@ Triton is optional: without it (or without a GPU, unless TRITON_INTERPRET=1 is
 set) the ``*_ref`` oracles still import and run, while the Triton wrappers
 raise a clear error when called.
 
-``kernels.aot`` compiles every kernel, in every launch configuration the engine
-reaches, for sm_80 and sm_90 without a GPU (``python -m kernels.aot``), and
+``minillm.kernels.aot`` compiles every kernel, in every launch configuration the engine
+reaches, for sm_80 and sm_90 without a GPU (``python -m minillm.kernels.aot``), and
 ``warmup(model_config, dtype, block_size, device)`` compiles those variants on a
 GPU before serving (a no-op elsewhere).
 """
@@ -27,8 +27,8 @@ def warmup(model_config, dtype, block_size: int, device, **options) -> int:
     warmup(model_config, dtype, block_size, device, *, max_num_seqs=256,
            max_model_len=None, progress=True) -> number of variants launched
 
-    See kernels.aot.warmup for the arguments. (Imported lazily, so that
-    ``python -m kernels.aot`` does not find kernels.aot imported already.)
+    See minillm.kernels.aot.warmup for the arguments. (Imported lazily, so that
+    ``python -m minillm.kernels.aot`` does not find minillm.kernels.aot imported already.)
     """
     from .aot import warmup as _warmup
 

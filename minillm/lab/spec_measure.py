@@ -14,10 +14,10 @@ from typing import Any, Sequence
 
 import torch
 
-from .. import placement
-from ..request import Request
-from ..sampling import SamplingParams
-from ..scheduler.output import ScheduledRequest, SchedulerOutput
+from minillm import placement
+from minillm.request import Request
+from minillm.sampling import SamplingParams
+from minillm.scheduler.output import ScheduledRequest, SchedulerOutput
 
 
 def timed_run(engine, prompts: Sequence[Sequence[int]], params: SamplingParams) -> dict[str, Any]:

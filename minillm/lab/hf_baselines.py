@@ -13,7 +13,7 @@ request produces exactly its ``max_tokens`` tokens, as in minillm (``ignore_eos`
 Per-step and per-request timings are recorded from inside the run (a logits processor
 for ``generate``, forward hooks for continuous batching) into the same ``StepRecord``
 / ``RequestMetrics`` shapes, so one summary function serves every engine. Slot
-utilization follows the definition in metrics.py, from the schedule each one runs.
+utilization follows the definition in summary.py, from the schedule each one runs.
 """
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
-from .metrics import RunResult, StepRecord, slot_accounting
-from .request import RequestMetrics
-from .workload import Workload
+from minillm.metrics import StepRecord, slot_accounting
+from minillm.lab.summary import RunResult
+from minillm.request import RequestMetrics
+from minillm.lab.workload import Workload
 
 
 def _kv_bytes_per_token(model) -> int:

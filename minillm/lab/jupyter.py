@@ -4,7 +4,7 @@ Containers and cloud notebooks often run as root, where jupyter refuses to start
 given --allow-root; we pass it only then, so everyone else keeps jupyter's guard. Such
 machines have no browser either: --no-browser, and jupyter prints the URL with its token.
 
-``make lab`` runs this file as a script (``python minillm/lab.py``), not as
+``make lab`` runs this file as a script (``python minillm/lab/jupyter.py``), not as
 ``python -m minillm.lab``: it needs only the standard library, so a half-finished edit
 of the engine, or a slow torch import, never stands between a learner and the notebooks.
 """
@@ -31,7 +31,7 @@ def lab_command(port: int = 8888, ip: str = "127.0.0.1", root_dir: str = "chapte
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python minillm/lab.py",
+    p = argparse.ArgumentParser(prog="python minillm/lab/jupyter.py",
                                 description="Start JupyterLab on the chapters, without opening a browser. "
                                             "Open the printed URL (it carries the login token).",
                                 epilog="other options are passed to jupyter lab unchanged")

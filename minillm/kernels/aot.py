@@ -38,7 +38,7 @@ can see and returns the distinct binaries per kernel: the number a serving
 process can ever compile. ``warmup`` replays one launch per such variant on the
 GPU before the first request.
 
-Run ``python -m kernels.aot`` for the table; TRITON_INTERPRET must be unset
+Run ``python -m minillm.kernels.aot`` for the table; TRITON_INTERPRET must be unset
 (under the interpreter @triton.jit returns interpreter objects, not compilable
 JITFunctions, so tests/kernels/test_aot.py runs this module in a subprocess).
 
@@ -133,7 +133,7 @@ class Launch:
 
 @functools.lru_cache(maxsize=None)
 def _kernel_modules():
-    # importlib, not attribute access: kernels/__init__ re-exports functions named like modules
+    # importlib, not attribute access: minillm/kernels/__init__ re-exports functions named like modules
     names = ("rmsnorm", "store_kv", "paged_decode_attention", "paged_prefill_attention")
     return {n: importlib.import_module(f"{__package__}.{n}") for n in names}
 
@@ -247,10 +247,10 @@ def engine_launches(model, dtype: torch.dtype, block_size: int, gpu: GpuSpec, *,
 
 def _check_compile_mode() -> None:
     if not HAS_TRITON:
-        raise RuntimeError("kernels.aot needs the 'triton' package")
+        raise RuntimeError("minillm.kernels.aot needs the 'triton' package")
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise RuntimeError(
-            "kernels.aot needs compiled-mode kernels: unset TRITON_INTERPRET before importing triton "
+            "minillm.kernels.aot needs compiled-mode kernels: unset TRITON_INTERPRET before importing triton "
             "(under the interpreter @triton.jit makes interpreter objects, which nothing can compile)")
 
 
@@ -789,14 +789,14 @@ def _load_extra(path: str) -> Callable[[], list[Launch]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.aot", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m minillm.kernels.aot", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", default="80,90", help="compute capabilities (default: 80,90)")
     ap.add_argument("--dtypes", default="bf16,fp16,fp32")
     ap.add_argument("--block-sizes", default=",".join(map(str, ENGINE_BLOCK_SIZES)),
                     help="paged-engine block sizes; the contiguous engines' max_model_len is always added")
     ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--extra", help="a Python file defining launches() -> list[kernels.aot.Launch]")
+    ap.add_argument("--extra", help="a Python file defining launches() -> list[minillm.kernels.aot.Launch]")
     ap.add_argument("--json", help="also write the full report here")
     ap.add_argument("-j", "--jobs", type=int, default=None, help="compile processes (default: one per CPU)")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per compiled variant")
@@ -804,7 +804,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_compile_mode()
     except RuntimeError as e:
-        print(f"kernels.aot: {e}", file=sys.stderr)
+        print(f"minillm.kernels.aot: {e}", file=sys.stderr)
         return 2
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # as in _compile_env, for the capture
     by_cap = {g.capability: g for g in TARGETS}

@@ -24,9 +24,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from .config import EngineConfig, ModelConfig
-from .metrics import RunResult, StepRecord
-from .workload import Workload
+from minillm.config import EngineConfig, ModelConfig
+from minillm.metrics import StepRecord
+from minillm.lab.summary import RunResult
+from minillm.lab.workload import Workload
 
 FEATURES = ("overhead", "per_token", "per_context", "per_padded_context", "per_sample")
 
@@ -110,7 +111,7 @@ class CostModelRunner:
     def execute(self, out: Any) -> Any:
         import torch
 
-        from .model_runner import ModelOutput
+        from minillm.model_runner import ModelOutput
 
         new = [row.num_new_tokens for row in out.rows]
         ctx = [row.request.num_computed_tokens + row.num_new_tokens for row in out.rows]
@@ -128,9 +129,9 @@ def simulate(workload: Workload, engine: str = "continuous", max_num_seqs: int =
     ``options``: any other ``EngineConfig`` option (``block_size``, ``num_blocks``,
     ``enable_chunked_prefill``, ...). KV bytes are counted in ``dtype``.
     """
-    from .clock import VirtualClock
-    from .engine import LLMEngine
-    from .scheduler import build_scheduler
+    from minillm.clock import VirtualClock
+    from minillm.engine import LLMEngine
+    from minillm.scheduler import build_scheduler
 
     cost = cost or CostModel()
     mcfg = model_config or ModelConfig()
@@ -155,7 +156,7 @@ def calibration_steps(engine, batch_sizes: Sequence[int] = (1, 4, 8), contexts: 
                       decode_steps: int = 3) -> list[StepRecord]:
     """Measure a small grid of steps on a real ``LLMEngine``: prefills and decodes at
     several batch sizes and context lengths. Returns their StepRecords (for ``fit``)."""
-    from .sampling import SamplingParams
+    from minillm.sampling import SamplingParams
 
     records: list[StepRecord] = []
     B_max = engine.scheduler.max_num_seqs

@@ -1,6 +1,6 @@
 """Charts of engine runs, and an interactive explorer for teaching.
 
-Everything here reads ``RunResult``s (metrics.py): real runs, transformers baselines and
+Everything here reads ``RunResult``s (summary.py): real runs, transformers baselines and
 simulated runs (cost_model.py) look the same, so every chart works for all of them.
 
     plot_timeline          Gantt chart: batch slots x steps, one colour per request;
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from .metrics import RunResult, StepRecord, e2es, slot_utilization, tpots, ttfts
+from minillm.metrics import StepRecord
+from minillm.lab.summary import RunResult, e2es, slot_utilization, tpots, ttfts
 
 IDLE_COLOR = "#d0d0d0"
 
@@ -296,7 +297,7 @@ def plot_block_tables(tables: Mapping[str, Sequence[int]], num_blocks: int, bloc
 
 
 def summary_line(r: RunResult) -> str:
-    from .metrics import percentiles
+    from minillm.lab.summary import percentiles
 
     ttft = percentiles(ttfts(r.metrics))
     return (f"{r.engine}: {r.throughput:.1f} output tok/s, {len(r.steps)} steps, slot utilization "
@@ -314,8 +315,8 @@ def explorer(cost, num_requests: int = 32, seed: int = 0, short_tokens: int = 20
     import ipywidgets as W
     from IPython.display import display
 
-    from .cost_model import simulate
-    from .workload import make_workload
+    from minillm.lab.cost_model import simulate
+    from minillm.lab.workload import make_workload
 
     plt = _plt()
     engine = W.ToggleButtons(options=["static", "continuous"], value="continuous", description="engine")
