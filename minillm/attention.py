@@ -30,10 +30,21 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [B+1] int32
     context_lens: torch.Tensor  # [B] int32, including this step's tokens
     block_size: int
-    # Host-side copies, so the torch backend can plan without device syncs.
+    # Host-side copies, built by the runner with the step: planning a layer (which rows,
+    # which blocks, how long) must never read a device tensor back, or every layer of
+    # every step waits for the device to drain its queue.
     query_lens_list: list[int]
     context_lens_list: list[int]
+    query_start_loc_list: list[int] | None = None  # None: derived from query_lens_list
+    block_tables_list: list[list[int]] | None = None  # None: read once from block_tables
     plan: dict = field(default_factory=dict)  # per-step index tensors, built once, reused by every layer
+
+    def __post_init__(self) -> None:
+        if self.query_start_loc_list is None:
+            starts = [0]
+            for n in self.query_lens_list:
+                starts.append(starts[-1] + n)
+            self.query_start_loc_list = starts
 
     @property
     def num_seqs(self) -> int:
@@ -70,10 +81,10 @@ def _row_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadat
     """
     ctx = meta.context_lens_list[b]
     plan = meta.plan
-    if "tables" not in plan:
-        plan["tables"] = meta.block_tables.tolist()
+    if meta.block_tables_list is None:  # metadata built by hand (tests, notebooks): one read per step
+        meta.block_tables_list = meta.block_tables.tolist()
     if ctx <= meta.block_size:
-        blk = plan["tables"][b][0]
+        blk = meta.block_tables_list[b][0]
         return k_cache[blk, :ctx].transpose(0, 1), v_cache[blk, :ctx].transpose(0, 1)
     key = ("slots", b)
     if key not in plan:
@@ -97,7 +108,7 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
     out = torch.empty_like(q)
-    starts = meta.query_start_loc.tolist()
+    starts = meta.query_start_loc_list
     for b, (n, ctx) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):
         if n == 0:
             continue

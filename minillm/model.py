@@ -35,6 +35,28 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
     return emb.cos(), emb.sin()
 
 
+class RopeTable:
+    """cos, sin of every position up to the model's context length, built once on the device.
+
+    ``rope_cos_sin`` recomputes the angles of a step's positions each forward, on the host
+    side of the positions' device; a serving step instead gathers rows of a table that
+    lives next to the weights, so the step uploads nothing for RoPE and launches one
+    gather. Row p holds exactly what ``rope_cos_sin`` gives for position p (the same
+    inverse frequencies, the same float32 product), so the numbers do not change.
+    """
+
+    def __init__(self, max_positions: int, head_dim: int, theta: float, device: torch.device | str):
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # [D/2]
+        pos = torch.arange(max_positions, device=device, dtype=torch.int64).float()
+        freqs = pos[:, None] * inv_freq[None, :].to(device)  # [P, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
+        self.device = torch.device(device)
+        self.cos, self.sin = emb.cos(), emb.sin()
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[positions], self.sin[positions]
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each pair (x[i], x[i + D/2]) by its position's angle.
 
@@ -116,7 +138,15 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rope: RopeTable | None = None  # built on the weights' device (build_model, or the first forward)
         self.set_attention_backend(attention_backend)
+
+    def build_rope(self) -> RopeTable:
+        """The RoPE table on the weights' device (again if the model has moved)."""
+        dev = self.embed.weight.device
+        if self.rope is None or self.rope.device != dev:
+            self.rope = RopeTable(self.cfg.max_position_embeddings, self.cfg.head_dim, self.cfg.rope_theta, dev)
+        return self.rope
 
     def set_attention_backend(self, name: str) -> None:
         if name not in BACKENDS:
@@ -135,7 +165,7 @@ class Llama(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden]."""
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)  # [T, D] each
+        cos, sin = self.build_rope()(positions)  # [T, D] each, float32
         h = self.embed(input_ids)  # [T, hidden]
         cos, sin = cos.to(h.dtype), sin.to(h.dtype)
         for layer, kv in zip(self.layers, kv_caches):
@@ -154,4 +184,6 @@ def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torc
         model = Llama(cfg, attention_backend)
     model = model.to_empty(device="cpu")
     model.load_weights(weights)
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model.build_rope()
+    return model

@@ -36,6 +36,7 @@ class StepBatch:
     logits_index: torch.Tensor  # [S] indices in [T] of the tokens whose logits are needed
     rows: list[int]  # index in ``out.rows`` of every row that samples, in order
     offsets: list[int]  # where each of those rows' logits start in the [S] logits
+    token_starts: list[int]  # where each of those rows' first logits token sits in [T]
 
 
 @dataclass(slots=True)
@@ -49,6 +50,11 @@ class ModelOutput:
     logits: torch.Tensor  # [S, V] float32
     rows: list[int]
     offsets: list[int]
+    # The step's input_ids [T] on the device, and where each sampling row's first logits
+    # token sits in it: a row's drafts are input_ids[start + 1 : start + 1 + k], so the
+    # verifier reads them from the device instead of uploading them again.
+    input_ids: torch.Tensor | None = None
+    token_starts: list[int] | None = None
 
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device,
@@ -64,10 +70,19 @@ def kv_cache_bytes(kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
 
 
 def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.device) -> StepBatch:
-    """Flat step inputs for ``rows``, built on the host and copied to ``device``.
+    """Flat step inputs for ``rows``, built on the host and copied to ``device`` in ONE upload.
 
     A row that samples gets logits at its last token, or at its last 1 + len(spec_token_ids)
     tokens when it carries drafts (the k + 1 distributions that verify k drafts).
+
+    Every integer of the step goes into one host buffer, laid out as
+    ``input_ids | positions | slot_mapping | logits_index | query_start_loc | context_lens |
+    block_tables``; one copy moves it to the device (from pinned memory, without blocking,
+    on CUDA) and the tensors the model reads are views of it. Each separate small copy
+    costs a launch and, from pageable memory, a wait for the device: a decode step of a
+    small model is short enough that a handful of them shows in the step time. The host
+    keeps plain lists of the shapes that plan the step (query and context lengths, block
+    tables), so no layer has to read them back from the device.
     """
     ids: list[int] = []
     pos: list[int] = []
@@ -94,18 +109,39 @@ def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.dev
             logits_index.extend(range(qstart[-1] - row.num_logits, qstart[-1]))
     width = max((len(r.request.block_ids) for r in rows), default=1)
     tables = [r.request.block_ids + [0] * (width - len(r.request.block_ids)) for r in rows]
-    as_t = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
+    T, S, B = len(ids), len(logits_index), len(rows)
+    flat = ids + pos + slots + logits_index + qstart + ctx
+    for t in tables:
+        flat.extend(t)
+    buf = upload(flat, torch.long, device)
+    cuts = [T, T, T, S, B + 1, B]
+    input_ids, positions, slot_mapping, li, qsl, cl = buf[:sum(cuts)].split(cuts)
+    bt = buf[sum(cuts):].view(B, width)
     meta = AttentionMetadata(
-        slot_mapping=as_t(slots, torch.long),
-        block_tables=as_t(tables, torch.int32),
-        query_start_loc=as_t(qstart, torch.int32),
-        context_lens=as_t(ctx, torch.int32),
+        slot_mapping=slot_mapping,
+        block_tables=bt.to(torch.int32),
+        query_start_loc=qsl.to(torch.int32),
+        context_lens=cl.to(torch.int32),
         block_size=block_size,
         query_lens_list=qlens,
         context_lens_list=ctx,
+        query_start_loc_list=qstart,
+        block_tables_list=tables,
     )
-    return StepBatch(as_t(ids, torch.long), as_t(pos, torch.long), meta, as_t(logits_index, torch.long),
-                     sample_rows, offsets)
+    return StepBatch(input_ids, positions, meta, li, sample_rows, offsets,
+                     [qstart[i + 1] - rows[i].num_logits for i in sample_rows])
+
+
+def upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a tensor on ``device``: one host tensor, one copy.
+
+    On CUDA the host tensor is pinned first, so the copy is a true asynchronous DMA that
+    does not make the host wait for the device's queue to drain.
+    """
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 class ModelRunner:
@@ -129,7 +165,7 @@ class ModelRunner:
         b = build_batch(out.rows, self.block_size, self.device)
         hidden = self.model(b.input_ids, b.positions, b.meta, self.kv_caches)  # [T, hidden]
         logits = self.model.compute_logits(hidden[b.logits_index])  # [S, V]
-        return ModelOutput(logits, b.rows, b.offsets)
+        return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts)
 
 
 @torch.inference_mode()

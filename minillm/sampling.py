@@ -105,19 +105,26 @@ def compute_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> tor
     as the temperature-0 case of the same rule.
     """
     logits = logits.float()
-    B, V = logits.shape
     dev = logits.device
-    temp = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)
-    top_k = torch.tensor([p.top_k for p in params], device=dev)
-    top_p = torch.tensor([p.top_p for p in params], device=dev)
+    # One upload for every per-row parameter (top_k and 0/1 are exact in float64, and
+    # float32(float64(x)) is the float32 that torch.tensor([x]) would give), and the
+    # greedy check on the host: no step waits on the device here.
+    table = torch.tensor([[p.temperature if not p.greedy else 1.0, p.top_k, p.top_p] for p in params],
+                         dtype=torch.float64).reshape(-1, 3)
+    table = table.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else table
+    temp, top_k, top_p = table[:, 0].float(), table[:, 1].long(), table[:, 2].float()
     scaled = logits / temp[:, None]
     if any(p.top_k != -1 or p.top_p < 1.0 for p in params):
         scaled = apply_top_k_top_p(scaled, top_k, top_p)
     probs = scaled.softmax(dim=-1)
-    greedy = torch.tensor([p.greedy for p in params], device=dev)
-    if greedy.any():
+    greedy = [p.greedy for p in params]
+    if all(greedy):
+        return torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    if any(greedy):
         one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-        probs = torch.where(greedy[:, None], one_hot, probs)
+        for i, g in enumerate(greedy):
+            if g:
+                probs[i] = one_hot[i]
     return probs
 
 
@@ -249,10 +256,16 @@ def sample_at(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Seq
     """
     out = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
-    if rows:
-        probs = compute_probs(logits[rows], [params[i] for i in rows])
-        gens = None if generators is None else [generators[i] for i in rows]
-        out[rows] = sample_from_probs_at(probs, [seeds[i] for i in rows], [positions[i] for i in rows], gens)
+    if not rows:
+        return out
+    gens = None if generators is None else [generators[i] for i in rows]
+    if len(rows) == len(params):  # nobody greedy: no rows to pick out
+        return sample_from_probs_at(compute_probs(logits, params), seeds, positions, gens)
+    # Rows picked by slicing with host integers: a list index would upload an index tensor.
+    probs = compute_probs(torch.stack([logits[i] for i in rows]), [params[i] for i in rows])
+    tokens = sample_from_probs_at(probs, [seeds[i] for i in rows], [positions[i] for i in rows], gens)
+    for j, i in enumerate(rows):
+        out[i] = tokens[j]
     return out
 
 

@@ -134,31 +134,52 @@ class Speculator:
         Rows are grouped by their number of drafts s, so each group is one batched call.
         A row's logits j predict the token at position ``request.num_tokens + j``: its
         noise comes from there.
+
+        Host traffic: none until the end. Logits rows are picked by slicing with host
+        offsets, the drafts are read from the step's input_ids already on the device, and
+        every group's (tokens, count) lands in one tensor that is read back once.
         """
         self.stats.target_forwards += 1
         logits = model_out.logits
-        groups: dict[int, list[tuple[int, int]]] = defaultdict(list)  # s -> [(row index, first logits row)]
-        for i, offset in zip(model_out.rows, model_out.offsets):
-            groups[len(out.rows[i].spec_token_ids)].append((i, offset))
-        emitted: dict[int, list[int]] = {}
+        groups: dict[int, list[tuple[int, int, int | None]]] = defaultdict(list)  # s -> [(row, logits row, token)]
+        starts_t = model_out.token_starts or [None] * len(model_out.rows)
+        for i, offset, t0 in zip(model_out.rows, model_out.offsets, starts_t):
+            groups[len(out.rows[i].spec_token_ids)].append((i, offset, t0))
+        results: list[torch.Tensor] = []  # per group, flattened: tokens [G, s+1] then num [G]
         for s, members in groups.items():
-            reqs = [out.rows[i].request for i, _ in members]
+            reqs = [out.rows[i].request for i, _, _ in members]
             params = [r.sampling_params for r in reqs]
             seeds, starts, gens = [r.seed for r in reqs], [r.num_tokens for r in reqs], [r.generator for r in reqs]
-            index = torch.tensor([[o + j for j in range(s + 1)] for _, o in members], device=logits.device)
             if s == 0:  # nothing to verify: the plain sampler
-                tokens = sample_at(logits[index[:, 0]], params, seeds, starts, gens)
-                for (i, _), t in zip(members, tokens.tolist()):
-                    emitted[i] = [t]
+                rows = torch.stack([logits[o] for _, o, _ in members])  # [G, V]
+                tokens = sample_at(rows, params, seeds, starts, gens)  # [G]
+                results.append(torch.cat([tokens.long(), torch.ones_like(tokens, dtype=torch.long)]))
                 continue
-            p = target_probs_from_logits(logits[index], params)  # [G, s+1, V]
+            rows = torch.stack([logits[o:o + s + 1] for _, o, _ in members])  # [G, s+1, V]
+            p = target_probs_from_logits(rows, params)  # [G, s+1, V]
             noise = noise_for_rows(params, seeds, starts, s + 1, p.shape[-1], gens, p.device)  # [G, s+1, V]
-            d = torch.tensor([out.rows[i].spec_token_ids for i, _ in members], device=logits.device)  # [G, s]
+            d = self._drafts(out, model_out, members, s, logits.device)  # [G, s]
             tokens, num = self.verifier(d, p, noise)  # [G, s+1], [G]
-            for (i, _), toks, n in zip(members, tokens.tolist(), num.tolist()):
-                emitted[i] = toks[:n]
+            results.append(torch.cat([tokens.long().flatten(), num.long()]))
+        flat = torch.cat(results).tolist() if results else []  # the step's one host read
+        emitted: dict[int, list[int]] = {}
+        at = 0
+        for s, members in groups.items():
+            G = len(members)
+            toks, num = flat[at:at + G * (s + 1)], flat[at + G * (s + 1):at + G * (s + 2)]
+            at += G * (s + 2)
+            for j, ((i, _, _), n) in enumerate(zip(members, num)):
+                emitted[i] = toks[j * (s + 1):j * (s + 1) + n]
         self._count(out, emitted)
         return emitted
+
+    @staticmethod
+    def _drafts(out: SchedulerOutput, model_out: ModelOutput, members, s: int, device) -> torch.Tensor:
+        """[G, s] draft tokens: row i fed them right after its first logits token, so they
+        are already on the device in the step's input_ids; uploaded only without those."""
+        if model_out.input_ids is not None and all(t0 is not None for _, _, t0 in members):
+            return torch.stack([model_out.input_ids[t0 + 1:t0 + 1 + s] for _, _, t0 in members])
+        return torch.tensor([out.rows[i].spec_token_ids for i, _, _ in members], device=device)
 
     def _count(self, out: SchedulerOutput, emitted: dict[int, list[int]]) -> None:
         st = self.stats
