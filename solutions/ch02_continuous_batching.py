@@ -35,6 +35,6 @@ def schedule_step(running: list[Request], waiting: deque[Request], max_num_seqs:
 
 def continuous_num_steps(prompt_lens: list[int], output_lens: list[int], max_num_seqs: int,
                          max_num_batched_tokens: int) -> int:
-    """Read ``minillm/lab/cost_model.py``, ``simulate``: the real scheduler on a virtual clock."""
+    """Read ``minillm/lab/cost_model.py``, ``simulate``: the engine on a virtual clock, no model."""
     wl = workload_from_lengths(prompt_lens, output_lens)
     return len(simulate(wl, "continuous", max_num_seqs, max_num_batched_tokens=max_num_batched_tokens).steps)
