@@ -261,6 +261,10 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                     hf_model = loader.hf_model_from_weights(weights or loader.dummy_weights(cfg), cfg)
                 else:
                     hf_model = loader.load_hf_model()
+                # A fair baseline runs where minillm runs and in its dtype (bf16 on a GPU):
+                # the placement minillm resolved, not transformers' CPU/fp32 default.
+                place = configs["continuous"].resolve(ModelConfig()).placement
+                hf_model = hf_model.to(device=place.device, dtype=place.dtype)
             pad = hf_model.config.eos_token_id if hf_model.config.pad_token_id is None else hf_model.config.pad_token_id
             pad = pad[0] if isinstance(pad, list) else pad
             if name == "hf-generate":

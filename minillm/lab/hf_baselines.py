@@ -48,6 +48,18 @@ def left_pad(prompts: list[list[int]], pad_id: int, device=None) -> tuple[torch.
     return ids, mask
 
 
+def synced_now(device: torch.device | str | None = None) -> float:
+    """The clock, read after the device has finished the work queued so far.
+
+    On CUDA a launch returns before its kernels run: reading the clock without a
+    synchronize would time the launches, not the work, and make a baseline look faster
+    (or a later step slower) than it is. A no-op wait elsewhere.
+    """
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def _wait_until(t: float) -> None:
     delay = t - time.perf_counter()
     if delay > 0:
@@ -63,7 +75,7 @@ class _StepClock:
         self.times: list[float] = []
 
     def __call__(self, input_ids, scores):
-        self.times.append(time.perf_counter())
+        self.times.append(synced_now(scores.device))
         return scores
 
 
@@ -83,7 +95,7 @@ def run_hf_generate(model, workload: Workload, max_num_seqs: int, pad_token_id: 
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=workload.output_tokens, unit="tok", desc="hf-generate")
-    start = time.perf_counter()
+    start = synced_now(dev)
     for i, r in enumerate(reqs):
         metrics[i].arrival_time = start + r.arrival_time
     nxt = 0
@@ -100,7 +112,7 @@ def run_hf_generate(model, workload: Workload, max_num_seqs: int, pad_token_id: 
         W, M = max(map(len, prompts)), max(want)
         ids, mask = left_pad(prompts, pad_token_id, dev)  # [G, W] each
         clock = _StepClock()
-        g_start = time.perf_counter()
+        g_start = synced_now(dev)
         for i in group:
             metrics[i].first_scheduled_time = g_start
         with torch.inference_mode():
@@ -190,7 +202,7 @@ def run_hf_continuous(model, workload: Workload, max_num_seqs: int, max_num_batc
         cu_k = kwargs.get("cu_seq_lens_k")
         if isinstance(cu_k, dict):
             cu_k = next(iter(cu_k.values()), None)
-        rec: dict[str, Any] = {"start": time.perf_counter(), "q": None, "k": None}
+        rec: dict[str, Any] = {"start": synced_now(model.device), "q": None, "k": None}
         if torch.is_tensor(cu_q):
             q = cu_q.tolist()
             rec["q"] = [b - a for a, b in zip(q, q[1:]) if b > a]
@@ -201,7 +213,7 @@ def run_hf_continuous(model, workload: Workload, max_num_seqs: int, max_num_batc
 
     def after(module, args, output):
         if fwd:
-            fwd[-1]["end"] = time.perf_counter()
+            fwd[-1]["end"] = synced_now(model.device)
 
     hooks = [model.register_forward_pre_hook(before, with_kwargs=True), model.register_forward_hook(after)]
     kwargs = {"generation_config": gen_cfg}
@@ -215,7 +227,7 @@ def run_hf_continuous(model, workload: Workload, max_num_seqs: int, max_num_batc
         if progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(reqs), unit="req", desc="hf-continuous")
-        start = time.perf_counter()
+        start = synced_now(model.device)
         arrivals = {r.request_id: start + r.arrival_time for r in reqs}
         pending = list(reqs)
         while len(results) < len(reqs):
