@@ -55,5 +55,11 @@ test-notebooks: setup
 grade: setup
 	@$(PY) tests/grade.py $(CHAPTER)
 
+# On a CUDA machine: the gpu and aot tests, every chapter under nbval, and engine-vs-transformers
+# benchmarks in bf16 at the real shapes, within 8 minutes; JSON under $(OUT) (default out/).
+# Without CUDA: a dry run (GPU tests collected, a tiny CPU benchmark) that exits 0.
+gpu-check: setup
+	NBVAL_CELL_TIMEOUT=$(NBVAL_CELL_TIMEOUT) $(PY) -m minillm.lab.gpu_check --out $${OUT:-out}
+
 clean-cache:
 	rm -rf $${MINILLM_CACHE:-$$HOME/.cache/minillm}
