@@ -154,6 +154,7 @@ class EngineConfig:
     watermark: float = 0.0  # paged: fraction of KV blocks kept free when admitting (as vLLM's)
     speculative: dict | SpeculativeConfig | None = None  # validated into a SpeculativeConfig
     seed: int = 0
+    cuda_graphs: bool = False  # replay captured CUDA graphs for pure-decode steps (CUDA + Triton backend)
 
     def __post_init__(self) -> None:
         check_bool_fields(self)
@@ -281,6 +282,12 @@ def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
     from .block_manager import num_blocks_from_budget
 
     place = placement.resolve(config.device, config.dtype, config.attention_backend)
+    if config.cuda_graphs and place.device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device, but this engine runs on {place.device}: "
+                         "pass device='cuda' on a GPU machine, or cuda_graphs=False")
+    if config.cuda_graphs and place.attention_backend != "triton":
+        raise ValueError(f"cuda_graphs=True needs attention_backend='triton' (the torch backend plans each step "
+                         f"on the host, which a graph cannot replay), got {place.attention_backend!r}")
     max_model_len = config.max_model_len or model_config.max_position_embeddings
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(f"max_model_len must be at most the model's context length "

@@ -245,6 +245,15 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
     scheduler = build_scheduler(config, rc, mcfg.eos_token_id)
     model = build_model(mcfg, weights, place.device, place.dtype, place.attention_backend)
     runner = ModelRunner(model, mcfg, rc.num_blocks, rc.block_size, place.device, place.dtype)
+    if place.device.type == "cuda" and place.attention_backend == "triton":
+        # Compile every Triton variant this engine can reach now, so that no compile
+        # (seconds each) lands inside a timed run or a user's first request.
+        from .kernels import warmup
+
+        warmup(mcfg, place.dtype, rc.block_size, place.device, max_num_seqs=rc.max_num_seqs,
+               max_model_len=rc.max_model_len, progress=True)
+    if config.cuda_graphs:  # validated by config.resolve: CUDA and the Triton backend
+        runner.capture_cuda_graphs(rc.max_num_seqs, rc.max_model_len)
     speculator = None
     if config.speculative is not None:
         from .spec.drafters import build_drafter

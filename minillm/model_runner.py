@@ -154,18 +154,111 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.kv_caches = allocate_kv_cache(cfg, num_blocks, block_size, device, dtype)
+        self.graphs: DecodeGraphs | None = None  # set by capture_cuda_graphs
 
     @property
     def kv_cache_bytes(self) -> int:
         return kv_cache_bytes(self.kv_caches)
 
+    def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        """Capture the decode forward once per batch-size bucket (CUDA, Triton backend)."""
+        self.graphs = DecodeGraphs(self, max_num_seqs, max_model_len)
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelOutput:
         """One forward over the rows of ``out``; logits only where a row samples."""
         b = build_batch(out.rows, self.block_size, self.device)
+        if self.graphs is not None and self.graphs.can_replay(out, b):
+            logits = self.graphs.replay(b)
+            return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts)
         hidden = self.model(b.input_ids, b.positions, b.meta, self.kv_caches)  # [T, hidden]
         logits = self.model.compute_logits(hidden[b.logits_index])  # [S, V]
         return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts)
+
+
+def graph_buckets(max_num_seqs: int) -> list[int]:
+    """Batch sizes that get a graph: 1, 2, 4, 8, then every multiple of 8 up to max_num_seqs.
+
+    A decode step of n rows replays the smallest bucket >= n, its extra rows padded; the
+    buckets are few enough to capture in seconds, close enough that padding wastes little.
+    """
+    sizes = [b for b in (1, 2, 4) if b < max_num_seqs] + list(range(8, max_num_seqs + 8, 8))
+    return sorted({min(b, max_num_seqs) for b in sizes})
+
+
+class DecodeGraphs:
+    """CUDA graphs of the pure-decode forward, one per batch-size bucket.
+
+    A decode step of a small model is mostly launch overhead: dozens of small kernels per
+    layer, each launched from Python. A CUDA graph records the launches of one forward
+    once and replays them with a single call, as vLLM and nano-vllm do. A graph replays
+    fixed addresses and shapes, so every input lives in a static buffer sized for the
+    largest bucket: a step copies its (already uploaded) metadata into the front rows and
+    pads the rest -- slot -1 (the store skips it), context length 1 -- and takes the first
+    n rows of the static logits. Prefill and mixed steps, whose shapes vary token by
+    token, run eagerly. Only the Triton backend can be captured: the torch backend plans
+    every step on the host.
+    """
+
+    def __init__(self, runner: "ModelRunner", max_num_seqs: int, max_model_len: int):
+        dev = runner.device
+        self.runner = runner
+        self.buckets = graph_buckets(max_num_seqs)
+        B = self.buckets[-1]
+        self.width = -(-max_model_len // runner.block_size)  # block-table columns of the longest request
+        self.input_ids = torch.zeros(B, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(B, dtype=torch.long, device=dev)
+        self.slot_mapping = torch.full((B,), -1, dtype=torch.long, device=dev)
+        self.block_tables = torch.zeros(B, self.width, dtype=torch.int32, device=dev)
+        self.query_start_loc = torch.arange(B + 1, dtype=torch.int32, device=dev)
+        self.context_lens = torch.ones(B, dtype=torch.int32, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        pool = None
+        for n in reversed(self.buckets):  # largest first: the smaller ones reuse its memory pool
+            self._forward(n)  # warm-up launch outside the capture (allocator, lazy inits)
+            torch.cuda.synchronize(dev)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                self.logits[n] = self._forward(n)
+            pool = g.pool() if pool is None else pool
+            self.graphs[n] = g
+        torch.cuda.synchronize(dev)
+
+    def _meta(self, n: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:n], block_tables=self.block_tables[:n],
+            query_start_loc=self.query_start_loc[:n + 1], context_lens=self.context_lens[:n],
+            block_size=self.runner.block_size, query_lens_list=[1] * n, context_lens_list=[1] * n)
+
+    @torch.inference_mode()
+    def _forward(self, n: int) -> torch.Tensor:
+        model = self.runner.model
+        hidden = model(self.input_ids[:n], self.positions[:n], self._meta(n), self.runner.kv_caches)
+        return model.compute_logits(hidden)  # [n, V]: every decode row samples
+
+    def can_replay(self, out: SchedulerOutput, b: StepBatch) -> bool:
+        n = len(out.rows)
+        return (0 < n <= self.buckets[-1] and len(b.rows) == n
+                and all(r.num_new_tokens == 1 and not r.spec_token_ids for r in out.rows)
+                and b.meta.block_tables.shape[1] <= self.width)
+
+    def replay(self, b: StepBatch) -> torch.Tensor:
+        """Logits [n, V] of a pure-decode step of n rows, from the smallest bucket that holds it."""
+        n = len(b.rows)
+        size = next(s for s in self.buckets if s >= n)
+        w = b.meta.block_tables.shape[1]
+        self.input_ids[:n].copy_(b.input_ids)
+        self.positions[:n].copy_(b.positions)
+        self.slot_mapping[:n].copy_(b.meta.slot_mapping)
+        self.block_tables[:n, :w].copy_(b.meta.block_tables)  # columns past w are never read: ctx bounds them
+        self.context_lens[:n].copy_(b.meta.context_lens)
+        if size > n:  # padding rows: write nothing, attend one (stale but valid) slot
+            self.slot_mapping[n:size].fill_(-1)
+            self.context_lens[n:size].fill_(1)
+        self.graphs[size].replay()
+        # A view of the static output: the step samples from it before the next replay.
+        return self.logits[size][:n]
 
 
 @torch.inference_mode()
