@@ -131,7 +131,8 @@ def test_prompt_that_can_never_fit_is_rejected_without_stalling(model_files, eng
 
 
 def test_hf_baselines_match_on_the_same_requests(model_files, alone):
-    from minillm.lab import hf_baselines, loader
+    from minillm import loader
+    from minillm.lab import hf_baselines
     from minillm.lab.workload import Workload, WorkloadRequest
 
     _, tok = model_files
