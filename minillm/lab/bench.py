@@ -233,22 +233,23 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                                   enable_chunked_prefill=enable_chunked_prefill and name == "paged",
                                   speculative=speculative if name == "paged" else None,
                                   **paged_options(name, block_size, num_blocks, attention_backend))
-               for name in (*MINILLM_ENGINES, "continuous")}
-    resolved = {name: cfg.resolve(ModelConfig()) for name, cfg in configs.items() if name in engines}
-    budget = configs["continuous"].resolve(ModelConfig()).max_num_batched_tokens  # the baselines' budget
+               for name in MINILLM_ENGINES}
+    mcfg = ModelConfig()
+    for name in engines:
+        if name in configs:
+            configs[name].resolve(mcfg)
+    budget = configs["continuous"].resolve(mcfg).max_num_batched_tokens  # the baselines' budget, as minillm's
     longest_prompt = max(len(r.prompt_token_ids) for r in workload)
     if (longest_prompt > budget and not enable_chunked_prefill) or longest_prompt >= L:
         raise ValueError(f"the workload's longest prompt has {longest_prompt} tokens: it needs "
                          f"max_num_batched_tokens >= {longest_prompt} and max_model_len > {longest_prompt}")
-    del resolved
     weights = tokenizer = hf_model = None
     results = []
     for name in engines:
         if name in MINILLM_ENGINES:
             if weights is None:
-                from minillm.config import ModelConfig
                 if dummy_weights:
-                    weights = loader.dummy_weights(ModelConfig())
+                    weights = loader.dummy_weights(mcfg)
                 else:
                     weights, tokenizer = loader.load_weights(), loader.load_tokenizer()
             res = run_minillm(configs[name], workload, weights, tokenizer, progress=progress)
@@ -256,14 +257,12 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
             from minillm.lab import hf_baselines
             if hf_model is None:
                 if dummy_weights:
-                    from minillm.config import ModelConfig
-                    cfg = ModelConfig()
-                    hf_model = loader.hf_model_from_weights(weights or loader.dummy_weights(cfg), cfg)
+                    hf_model = loader.hf_model_from_weights(weights or loader.dummy_weights(mcfg), mcfg)
                 else:
                     hf_model = loader.load_hf_model()
                 # A fair baseline runs where minillm runs and in its dtype (bf16 on a GPU):
                 # the placement minillm resolved, not transformers' CPU/fp32 default.
-                place = configs["continuous"].resolve(ModelConfig()).placement
+                place = configs["continuous"].resolve(mcfg).placement
                 hf_model = hf_model.to(device=place.device, dtype=place.dtype)
             pad = hf_model.config.eos_token_id if hf_model.config.pad_token_id is None else hf_model.config.pad_token_id
             pad = pad[0] if isinstance(pad, list) else pad

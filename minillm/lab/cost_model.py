@@ -24,7 +24,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+import torch
+
 from minillm.config import EngineConfig, ModelConfig
+from minillm.model_runner import ModelOutput
 from minillm.metrics import StepRecord
 from minillm.lab.summary import RunResult
 from minillm.lab.workload import Workload
@@ -108,11 +111,7 @@ class CostModelRunner:
         self.cost = cost
         self.clock = clock
 
-    def execute(self, out: Any) -> Any:
-        import torch
-
-        from minillm.model_runner import ModelOutput
-
+    def execute(self, out: Any) -> ModelOutput:
         new = [row.num_new_tokens for row in out.rows]
         ctx = [row.request.num_computed_tokens + row.num_new_tokens for row in out.rows]
         sampling = [i for i, row in enumerate(out.rows) if row.samples]
