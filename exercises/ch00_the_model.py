@@ -160,3 +160,14 @@ def decode_bytes_per_token(num_params: int, bytes_per_param: float, kv_bytes_per
     Answer, after you try: ``solutions/ch00_the_model.py``.
     """
     raise NotImplementedError
+
+
+def quiz_answers() -> dict[str, str | float]:
+    """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
+
+    Print the questions with ``from minillm.lab import quiz; quiz.show("ch00")`` (the
+    chapter's last cells do it). A choice question takes a letter ("b"); a numeric
+    question a number (rounded as the question says before it is compared). Leave a
+    question out until you have an answer: it is graded as not answered.
+    """
+    raise NotImplementedError

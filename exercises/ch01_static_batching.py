@@ -87,3 +87,14 @@ def static_token_slots(prompt_lens: list[int], output_lens: list[int], max_num_s
     steps of ``minillm/scheduler/static.py``.
     """
     raise NotImplementedError
+
+
+def quiz_answers() -> dict[str, str | float]:
+    """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
+
+    Print the questions with ``from minillm.lab import quiz; quiz.show("ch01")`` (the
+    chapter's last cells do it). A choice question takes a letter ("b"); a numeric
+    question a number (rounded as the question says before it is compared). Leave a
+    question out until you have an answer: it is graded as not answered.
+    """
+    raise NotImplementedError

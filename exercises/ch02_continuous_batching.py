@@ -13,6 +13,7 @@ class in ``minillm/request.py`` is expected: the scheduler works on those).
 from __future__ import annotations
 
 from collections import deque
+from typing import Callable
 
 from minillm.request import Request
 
@@ -68,5 +69,59 @@ def continuous_num_steps(prompt_lens: list[int], output_lens: list[int], max_num
 
     Answer, after you try: ``minillm/lab/cost_model.py``, ``simulate`` (the real scheduler
     on a virtual clock).
+    """
+    raise NotImplementedError
+
+
+def predict_makespan(prompt_lens: list[int], output_lens: list[int], max_num_seqs: int, engine: str,
+                     step_time: Callable[[list[int], list[int], int], float]) -> float:
+    """Seconds until the last of these requests finishes, all of them waiting at time 0.
+
+    ``engine``: "static" or "continuous". ``step_time(new_tokens, context_lens,
+    num_sampled)`` is what one forward costs on some machine (``CostModel.step_time``):
+    ``new_tokens[i]`` tokens fed for row i, ``context_lens[i]`` that row's context after
+    this step (tokens already computed + new ones), ``num_sampled`` rows that sample. The
+    token budget and the KV cache are never short here. Requests ignore EOS: request i
+    generates exactly ``output_lens[i]`` tokens.
+
+    Contract (the engine's rules, read ``minillm/scheduler/``):
+      - a request's prefill is one row of its whole prompt; it samples the first output
+        token. Each later step gives it a decode row (1 new token, which samples) until it
+        has ``output_lens[i]`` tokens;
+      - "static": a group is the next ``max_num_seqs`` requests in order; its members'
+        prefills share one step, then decode steps run until the group's last member is
+        done (finished members get no rows); the next group starts at the following step;
+      - "continuous": each step, every unfinished running request gets a decode row, then
+        waiting requests are admitted in order while fewer than ``max_num_seqs`` are
+        running (their prefill row is in the same step); a request that finishes frees
+        its slot for the next step.
+    The makespan is the sum of the step times.
+
+    Hints: keep, per running request, its prompt length and tokens generated; a decode
+    row's context is prompt + generated so far.
+
+    Answer, after you try: the simulator runs the real schedulers on a virtual clock,
+    ``minillm/lab/cost_model.py``, ``simulate``.
+    """
+    raise NotImplementedError
+
+
+def pick_engine(prompt_lens: list[int], output_lens: list[int], max_num_seqs: int,
+                step_time: Callable[[list[int], list[int], int], float]) -> str:
+    """"static" or "continuous": the engine that finishes these requests first (by
+    ``predict_makespan``); "static" when they tie to within 0.1%.
+
+    Answer, after you try: compare with ``simulate`` of both engines.
+    """
+    raise NotImplementedError
+
+
+def quiz_answers() -> dict[str, str | float]:
+    """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
+
+    Print the questions with ``from minillm.lab import quiz; quiz.show("ch02")`` (the
+    chapter's last cells do it). A choice question takes a letter ("b"); a numeric
+    question a number (rounded as the question says before it is compared). Leave a
+    question out until you have an answer: it is graded as not answered.
     """
     raise NotImplementedError

@@ -142,3 +142,14 @@ def decode_stall_steps(step_ends: list[float], token_times: list[list[float]]) -
     Answer, after you try: ``minillm/lab/summary.py``, ``decode_stall_steps``.
     """
     raise NotImplementedError
+
+
+def quiz_answers() -> dict[str, str | float]:
+    """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
+
+    Print the questions with ``from minillm.lab import quiz; quiz.show("ch04")`` (the
+    chapter's last cells do it). A choice question takes a letter ("b"); a numeric
+    question a number (rounded as the question says before it is compared). Leave a
+    question out until you have an answer: it is graded as not answered.
+    """
+    raise NotImplementedError

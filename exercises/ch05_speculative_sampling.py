@@ -130,3 +130,37 @@ def expected_tokens_per_forward(alpha: float, k: int) -> float:
     Answer, after you try: ``minillm/spec/rejection_sampler.py``, ``expected_num_emitted``.
     """
     raise NotImplementedError
+
+
+def speculative_speedup(alpha: float, k: int, c_draft: float, c_verify: float) -> float:
+    """Predicted speedup of speculative decoding over plain decoding, for one request.
+
+    Units: one plain decode step of the target costs 1. A speculative step drafts k
+    tokens (each draft forward costs ``c_draft``) and verifies them in one target forward
+    over k + 1 tokens (costs ``c_verify``); each draft is accepted independently with
+    probability ``alpha`` and the walk stops at the first rejection.
+
+    Contract: return (tokens a speculative step emits on average) / (what it costs),
+    divided by what plain decoding gets for the same cost (1 token per unit).
+    ``speculative_speedup(0.0, k, 0.0, 1.0) == 1.0`` (no draft ever accepted, verification
+    as cheap as a decode step: exactly plain decoding). Raise ValueError unless
+    0 <= alpha <= 1, k >= 1, c_draft >= 0 and c_verify > 0.
+
+    Hints: reuse ``expected_tokens_per_forward``. The chapter's section 5 measured
+    alpha, c_draft and c_verify on this machine: the cell after the exercises puts your
+    function next to the measured speedups.
+
+    Answer, after you try: ``minillm/spec/policy.py``, ``expected_speedup``.
+    """
+    raise NotImplementedError
+
+
+def quiz_answers() -> dict[str, str | float]:
+    """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
+
+    Print the questions with ``from minillm.lab import quiz; quiz.show("ch05")`` (the
+    chapter's last cells do it). A choice question takes a letter ("b"); a numeric
+    question a number (rounded as the question says before it is compared). Leave a
+    question out until you have an answer: it is graded as not answered.
+    """
+    raise NotImplementedError

@@ -47,3 +47,8 @@ def decode_bytes_per_token(num_params: int, bytes_per_param: float, kv_bytes_per
     weight_bytes = num_params * bytes_per_param  # read once per step, whatever the batch
     kv_bytes = batch_size * context_len * kv_bytes_per_token  # every sequence reads its own past
     return (weight_bytes + kv_bytes) / batch_size
+
+
+def quiz_answers() -> dict[str, str | float]:
+    """q1: 135e6 x 2 bytes / 27e9 B/s; q3: 2 (K and V) x 30 layers x 3 heads x 64 x 4 bytes."""
+    return {"q1": 10.0, "q2": "b", "q3": 46080, "q4": "c"}

@@ -46,3 +46,18 @@ def ngram_propose(tokens: list[int], n: int, k: int) -> list[int]:
 def expected_tokens_per_forward(alpha: float, k: int) -> float:
     """Read ``minillm/spec/rejection_sampler.py``, ``expected_num_emitted``: a geometric sum."""
     return rejection_sampler.expected_num_emitted(alpha, k)
+
+
+def speculative_speedup(alpha: float, k: int, c_draft: float, c_verify: float) -> float:
+    """Read ``minillm/spec/policy.py``, ``expected_speedup`` (every step drafts: fraction 1)."""
+    from minillm.spec import policy
+
+    if not (0.0 <= alpha <= 1.0) or k < 1 or c_draft < 0 or c_verify <= 0:
+        raise ValueError(f"need 0 <= alpha <= 1, k >= 1, c_draft >= 0, c_verify > 0; "
+                         f"got alpha={alpha}, k={k}, c_draft={c_draft}, c_verify={c_verify}")
+    return policy.expected_speedup(alpha, k, c_verify, c_draft)
+
+
+def quiz_answers() -> dict[str, str | float]:
+    """q1: (1 - 0.8^5) / (1 - 0.8); q2: 0.2 + 0.3 + 0.2; q3: 3.3616 / (4 x 0.1 + 1.2)."""
+    return {"q1": 3.3616, "q2": 0.7, "q3": 3.3616 / 1.6, "q4": "d"}

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import adapters
+from minillm.lab import quiz
 
 pytestmark = pytest.mark.exercises
 
@@ -22,6 +23,7 @@ apply_rope = adapters.function(CHAPTER, "apply_rope")
 apply_top_k_top_p = adapters.function(CHAPTER, "apply_top_k_top_p")
 sample_next_token = adapters.function(CHAPTER, "sample_next_token")
 decode_bytes_per_token = adapters.function(CHAPTER, "decode_bytes_per_token")
+quiz_answers = adapters.function(CHAPTER, "quiz_answers")
 
 
 def _llama():
@@ -436,3 +438,14 @@ def test_decode_bytes_batching_amortizes_weights():
     assert per_token[-1] == pytest.approx(kv_only + _PARAMS * 2 / 4096), (
         "with a huge batch the weights are nearly free and each token costs about its own KV reads"
     )
+
+
+# ---------------------------------------------------------------- questions
+
+
+@pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
+def test_quiz(qid):
+    answers = quiz_answers()
+    assert isinstance(answers, dict), f"quiz_answers() must return a dict of answers, got {type(answers).__name__}"
+    ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
+    assert ok, why

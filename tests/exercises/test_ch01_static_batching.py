@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import adapters
+from minillm.lab import quiz
 
 pytestmark = pytest.mark.exercises
 
@@ -18,6 +19,7 @@ CHAPTER = "ch01_static_batching"
 left_pad = adapters.function(CHAPTER, "left_pad")
 static_num_steps = adapters.function(CHAPTER, "static_num_steps")
 static_token_slots = adapters.function(CHAPTER, "static_token_slots")
+quiz_answers = adapters.function(CHAPTER, "quiz_answers")
 
 
 def _groups(xs, B):
@@ -112,3 +114,14 @@ def test_static_token_slots_random():
 def test_skewed_batch_wastes_most_slots():
     useful, total = static_token_slots([16] * 8, [20] * 7 + [800], 8)
     assert useful / total < 0.2, "one 800-token request among 20-token ones keeps 7 of 8 slots idle"
+
+
+# ---------------------------------------------------------------- questions
+
+
+@pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
+def test_quiz(qid):
+    answers = quiz_answers()
+    assert isinstance(answers, dict), f"quiz_answers() must return a dict of answers, got {type(answers).__name__}"
+    ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
+    assert ok, why

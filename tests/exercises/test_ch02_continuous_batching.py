@@ -10,6 +10,7 @@ from collections import deque
 import pytest
 
 import adapters
+from minillm.lab import quiz
 from minillm.request import Request, RequestStatus
 from minillm.sampling import SamplingParams
 
@@ -18,6 +19,9 @@ pytestmark = pytest.mark.exercises
 CHAPTER = "ch02_continuous_batching"
 schedule_step = adapters.function(CHAPTER, "schedule_step")
 continuous_num_steps = adapters.function(CHAPTER, "continuous_num_steps")
+predict_makespan = adapters.function(CHAPTER, "predict_makespan")
+pick_engine = adapters.function(CHAPTER, "pick_engine")
+quiz_answers = adapters.function(CHAPTER, "quiz_answers")
 
 
 def _req(rid: str, prompt: int, max_tokens: int = 8, computed: int = 0, outputs: int = 0) -> Request:
@@ -150,3 +154,85 @@ def test_continuous_beats_static_on_skewed_lengths():
     steps = continuous_num_steps([8] * 32, outputs * 4, 8, 256)
     static_steps = 4 * 800
     assert steps < static_steps / 3, f"continuous batching should need far fewer steps than static ({steps})"
+
+
+# ---------------------------------------------------------------- predict_makespan / pick_engine
+# The oracle is the simulator: minillm's real schedulers on a virtual clock, each step
+# costing what the cost model says. Two cost models: one where a step's fixed cost
+# dominates (batching pays), one where per-token work dominates.
+
+def _cost_models():
+    from minillm.lab.cost_model import CostModel
+
+    return [CostModel(overhead=0.03, per_token=0.0006, per_context=0.0, per_padded_context=2e-5, per_sample=0.004),
+            CostModel(overhead=0.002, per_token=0.004, per_context=1e-5, per_padded_context=0.0, per_sample=0.001)]
+
+
+def _simulated(prompt_lens, output_lens, B, engine, cost) -> float:
+    from minillm.lab.cost_model import simulate
+    from minillm.lab.workload import workload_from_lengths
+
+    wl = workload_from_lengths(prompt_lens, output_lens)
+    res = simulate(wl, engine, max_num_seqs=B, max_num_batched_tokens=sum(prompt_lens) + B, cost=cost)
+    return res.end - res.start
+
+
+CASES = [
+    ([8, 8, 8, 8], [5, 5, 5, 5], 2),
+    ([12, 30, 7, 19, 25], [40, 3, 3, 9, 2], 2),
+    ([16] * 8, [4, 4, 4, 60, 4, 4, 4, 4], 4),
+    ([50, 5], [1, 1], 1),
+]
+
+
+@pytest.mark.parametrize("engine", ["static", "continuous"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_predict_makespan_matches_the_simulated_engine(engine, case):
+    prompt_lens, output_lens, B = CASES[case]
+    for cost in _cost_models():
+        want = _simulated(prompt_lens, output_lens, B, engine, cost)
+        got = predict_makespan(list(prompt_lens), list(output_lens), B, engine, cost.step_time)
+        assert abs(got - want) <= 1e-6 * want, (
+            f"{engine}, prompts {prompt_lens}, outputs {output_lens}, B={B}: predicted {got:.6f} s, "
+            f"the engine on a virtual clock took {want:.6f} s")
+
+
+def test_predict_makespan_random_workloads():
+    rng = random.Random(7)
+    cost = _cost_models()[0]
+    for _ in range(6):
+        n = rng.randint(1, 9)
+        prompt_lens = [rng.randint(1, 40) for _ in range(n)]
+        output_lens = [rng.choice([1, 2, 3, 5, 30]) for _ in range(n)]
+        B = rng.randint(1, 4)
+        for engine in ("static", "continuous"):
+            want = _simulated(prompt_lens, output_lens, B, engine, cost)
+            got = predict_makespan(list(prompt_lens), list(output_lens), B, engine, cost.step_time)
+            assert abs(got - want) <= 1e-6 * want, (prompt_lens, output_lens, B, engine, got, want)
+
+
+def test_pick_engine_agrees_with_the_simulated_engines():
+    rng = random.Random(11)
+    cost = _cost_models()[0]
+    picked = set()
+    for case in CASES + [([rng.randint(4, 30) for _ in range(8)], [rng.choice([2, 3, 40]) for _ in range(8)], 4)]:
+        prompt_lens, output_lens, B = case
+        s = _simulated(prompt_lens, output_lens, B, "static", cost)
+        c = _simulated(prompt_lens, output_lens, B, "continuous", cost)
+        want = "continuous" if c < s * 0.999 else "static"
+        got = pick_engine(list(prompt_lens), list(output_lens), B, cost.step_time)
+        assert got == want, f"prompts {prompt_lens}, outputs {output_lens}, B={B}: static {s:.3f} s, " \
+                            f"continuous {c:.3f} s, so {want!r}; got {got!r}"
+        picked.add(want)
+    assert picked == {"static", "continuous"}, "the cases must exercise both answers"
+
+
+# ---------------------------------------------------------------- questions
+
+
+@pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
+def test_quiz(qid):
+    answers = quiz_answers()
+    assert isinstance(answers, dict), f"quiz_answers() must return a dict of answers, got {type(answers).__name__}"
+    ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
+    assert ok, why

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import adapters
+from minillm.lab import quiz
 
 pytestmark = pytest.mark.exercises
 
@@ -23,6 +24,7 @@ allocate_blocks = adapters.function(CHAPTER, "allocate_blocks")
 free_blocks = adapters.function(CHAPTER, "free_blocks")
 online_softmax_update = adapters.function(CHAPTER, "online_softmax_update")
 paged_decode_attention = adapters.function(CHAPTER, "paged_decode_attention")
+quiz_answers = adapters.function(CHAPTER, "quiz_answers")
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -244,3 +246,14 @@ def test_paged_decode_attention_ignores_garbage_and_unused_table_entries():
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5,
                                msg=lambda s: "only the first ceil(context_len / block_size) table entries "
                                              "and the first context_len positions count\n" + s)
+
+
+# ---------------------------------------------------------------- questions
+
+
+@pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
+def test_quiz(qid):
+    answers = quiz_answers()
+    assert isinstance(answers, dict), f"quiz_answers() must return a dict of answers, got {type(answers).__name__}"
+    ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
+    assert ok, why

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import adapters
+from minillm.lab import quiz
 
 pytestmark = pytest.mark.exercises
 
@@ -22,6 +23,7 @@ early_step = adapters.function(CHAPTER, "early_step")
 chunk_causal_mask = adapters.function(CHAPTER, "chunk_causal_mask")
 chunked_prefill_latency = adapters.function(CHAPTER, "chunked_prefill_latency")
 decode_stall_steps = adapters.function(CHAPTER, "decode_stall_steps")
+quiz_answers = adapters.function(CHAPTER, "quiz_answers")
 
 
 # ---------------------------------------------------------------- split_budget
@@ -194,3 +196,14 @@ def test_decode_stall_steps_random():
             if any(t and t[0] < e <= t[-1] and e not in t for t in times):
                 want += 1
         assert decode_stall_steps(ends, times) == want
+
+
+# ---------------------------------------------------------------- questions
+
+
+@pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
+def test_quiz(qid):
+    answers = quiz_answers()
+    assert isinstance(answers, dict), f"quiz_answers() must return a dict of answers, got {type(answers).__name__}"
+    ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
+    assert ok, why

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import adapters
+from minillm.lab import quiz
 
 pytestmark = pytest.mark.exercises
 
@@ -19,6 +20,8 @@ acceptance_rate = adapters.function(CHAPTER, "acceptance_rate")
 rejection_sample_one = adapters.function(CHAPTER, "rejection_sample_one")
 ngram_propose = adapters.function(CHAPTER, "ngram_propose")
 expected_tokens_per_forward = adapters.function(CHAPTER, "expected_tokens_per_forward")
+speculative_speedup = adapters.function(CHAPTER, "speculative_speedup")
+quiz_answers = adapters.function(CHAPTER, "quiz_answers")
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -234,3 +237,46 @@ def test_expected_tokens_per_forward():
         )
     assert expected_tokens_per_forward(1.0, 4) == pytest.approx(5.0), "alpha = 1: every draft accepted, k + 1 tokens"
     assert expected_tokens_per_forward(0.0, 4) == pytest.approx(1.0), "alpha = 0: only the one target token"
+
+
+# ---------------------------------------------------------------- speculative_speedup
+
+
+def _speedup_ref(alpha: float, k: int, c_draft: float, c_verify: float) -> float:
+    tokens = sum(alpha ** i for i in range(k + 1))  # 1 + alpha + ... + alpha^k
+    return tokens / (k * c_draft + c_verify)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.95, 1.0])
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_speculative_speedup_values(alpha, k):
+    for c_draft, c_verify in [(0.0, 1.0), (0.1, 1.2), (0.3, 2.5), (0.05, 0.9)]:
+        got = speculative_speedup(alpha, k, c_draft, c_verify)
+        want = _speedup_ref(alpha, k, c_draft, c_verify)
+        assert abs(got - want) <= 1e-9 * want, (
+            f"alpha={alpha}, k={k}, c_draft={c_draft}, c_verify={c_verify}: expected tokens per step / step cost "
+            f"= {want:.6f}, got {got}")
+
+
+def test_speculative_speedup_break_even():
+    assert speculative_speedup(0.0, 4, 0.0, 1.0) == pytest.approx(1.0), "no acceptance, free verify: plain decoding"
+    assert speculative_speedup(0.0, 4, 0.1, 1.0) < 1.0, "drafts that are never accepted only cost"
+    assert speculative_speedup(1.0, 4, 0.0, 1.0) == pytest.approx(5.0), "every draft accepted: k + 1 tokens a step"
+
+
+@pytest.mark.parametrize("bad", [(-0.1, 4, 0.0, 1.0), (1.2, 4, 0.0, 1.0), (0.5, 0, 0.0, 1.0),
+                                 (0.5, 4, -0.1, 1.0), (0.5, 4, 0.1, 0.0)])
+def test_speculative_speedup_rejects_bad_input(bad):
+    with pytest.raises(ValueError):
+        speculative_speedup(*bad)
+
+
+# ---------------------------------------------------------------- questions
+
+
+@pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
+def test_quiz(qid):
+    answers = quiz_answers()
+    assert isinstance(answers, dict), f"quiz_answers() must return a dict of answers, got {type(answers).__name__}"
+    ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
+    assert ok, why
