@@ -1,4 +1,4 @@
-"""Command line: ``python -m minillm generate "PROMPT"`` and ``python -m minillm bench ...``."""
+"""Command line: ``python -m minillm generate "PROMPT"``, ``bench`` and ``serve``."""
 from __future__ import annotations
 
 import argparse
@@ -63,10 +63,11 @@ def generate(argv: list[str]) -> int:
     return 0
 
 
-USAGE = """usage: python -m minillm {generate,bench} ...
+USAGE = """usage: python -m minillm {generate,bench,serve} ...
 
   generate   generate a completion and stream it  (python -m minillm generate --help)
   bench      benchmark engines side by side        (python -m minillm bench --help)
+  serve      an OpenAI-compatible HTTP server      (python -m minillm serve --help)
 """
 
 
@@ -82,13 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "bench":
             from minillm.lab.bench import main as bench_main
             return bench_main(rest)
+        if cmd == "serve":
+            from minillm.serving.server import main as serve_main
+            return serve_main(rest)
     except (ValueError, FileNotFoundError) as e:
         # Bad input is the user's to fix: one line, no traceback.
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    print(f"error: unknown command {cmd!r}; valid commands: generate, bench", file=sys.stderr)
+    print(f"error: unknown command {cmd!r}; valid commands: generate, bench, serve", file=sys.stderr)
     return 2
 
 
