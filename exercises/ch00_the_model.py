@@ -11,6 +11,8 @@ Plain PyTorch is all you need; do not import the answers from ``minillm``.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 
@@ -158,6 +160,30 @@ def decode_bytes_per_token(num_params: int, bytes_per_param: float, kv_bytes_per
     * 3 KV heads * 64 dims * 2 bytes = 23040.
 
     Answer, after you try: ``solutions/ch00_the_model.py``.
+    """
+    raise NotImplementedError
+
+
+def greedy_generate(forward: Callable[[list[int], int], torch.Tensor], prompt_ids: list[int],
+                    max_new_tokens: int, eos_token_id: int) -> list[int]:
+    """The decode loop: generate greedily with a KV-cached model. Returns the new tokens.
+
+    ``forward(token_ids, start)`` feeds ``token_ids`` at positions start, start + 1, ...
+    to the model, which appends their keys and values to its cache (so it must be called
+    with start = the number of tokens fed so far), and returns their logits [n, vocab].
+
+    Contract:
+      - the first call feeds the whole prompt (start 0); every later call feeds only the
+        one token generated last: never feed a token twice;
+      - the next token is the argmax of the LAST row of the logits;
+      - stop after ``max_new_tokens`` tokens, or right after emitting ``eos_token_id``
+        (which is included in the result).
+
+    Hints: keep a counter of tokens fed; ``int(logits[-1].argmax())``.
+
+    Answer, after you try: the chapter's ``naive_generate`` (printed after the
+    exercises), and ``minillm/engine.py``, ``LLMEngine.step``, which does the same for
+    many requests at once.
     """
     raise NotImplementedError
 

@@ -18,7 +18,11 @@ the other n - 1 from decode steps.
 """
 from __future__ import annotations
 
+from collections import deque
+
 import torch
+
+from minillm.request import Request, RequestStatus
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,6 +89,32 @@ def static_token_slots(prompt_lens: list[int], output_lens: list[int], max_num_s
 
     Answer, after you try: ``minillm/metrics.py``, ``slot_accounting``, applied to the
     steps of ``minillm/scheduler/static.py``.
+    """
+    raise NotImplementedError
+
+
+def static_schedule(group: list[Request], waiting: deque[Request], max_num_seqs: int,
+                    max_num_batched_tokens: int) -> list[tuple[Request, int]]:
+    """One step of the static scheduler: the rows of the next forward, as (request, tokens).
+
+    ``group``: the batch in flight, finished members included (``r.is_finished``), in
+    admission order; ``waiting``: requests that have arrived, oldest first. Both are
+    updated IN PLACE. This is the seam the engine calls: the cell after the exercise runs
+    the real model with your policy.
+
+    Contract:
+      - if any member of ``group`` is unfinished: one decode row ``(r, 1)`` for each
+        unfinished member, in group order; nobody is admitted (the barrel);
+      - otherwise the group is done: empty ``group``, then form the next one from the
+        front of ``waiting``: while fewer than ``max_num_seqs`` are in the group and the
+        request's whole prompt (``r.num_tokens - r.num_computed_tokens``) fits what is left
+        of ``max_num_batched_tokens``, move it from ``waiting`` to ``group``, set
+        ``r.status = RequestStatus.RUNNING``, and give it the row ``(r, prompt tokens)``;
+        stop at the first request that does not fit (first come, first served);
+      - no rows if nothing runs and nothing waits.
+
+    Answer, after you try: ``minillm/scheduler/static.py``, ``StaticScheduler.schedule``
+    (printed at the end of the chapter).
     """
     raise NotImplementedError
 

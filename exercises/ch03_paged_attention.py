@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from minillm.request import Request
+
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """How many blocks hold ``num_tokens`` tokens.
@@ -150,6 +152,19 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     Answer, after you try: ``minillm/kernels/paged_decode_attention.py`` (the kernel and
     ``paged_decode_attention_ref``), and ``minillm/attention.py``, ``torch_attention``.
+    """
+    raise NotImplementedError
+
+
+def choose_victim(running: list[Request]) -> Request:
+    """Which running request to preempt when the block pool is dry.
+
+    ``running``: the requests holding KV blocks, in admission order (oldest first).
+    Contract: return the one admitted LAST. It has done the least work, so recomputing it
+    costs least, and the oldest requests (closest to finishing) keep going; it is also
+    what makes the paged engine's preemption pattern deterministic. Never modify the list.
+
+    Answer, after you try: ``minillm/scheduler/paged.py``, ``PagedScheduler._make_room``.
     """
     raise NotImplementedError
 

@@ -155,6 +155,34 @@ def speculative_speedup(alpha: float, k: int, c_draft: float, c_verify: float) -
     raise NotImplementedError
 
 
+def rollback_blocks(block_ids: list[int], num_tokens: int, block_size: int) -> list[int]:
+    """After verification: give back the KV blocks of rejected drafts.
+
+    ``block_ids``: the request's block table, grown before the step to hold every draft;
+    ``num_tokens``: how many tokens of K/V the request keeps (prompt + accepted output).
+    Contract: remove from the END of ``block_ids`` (in place) every block past the
+    ceil(num_tokens / block_size) the kept tokens need, and return the removed ids in
+    table order (the caller frees them). A block that still holds a kept token stays,
+    even if rejected drafts also wrote into it: their slots are simply overwritten later.
+
+    Answer, after you try: ``minillm/block_manager.py``, ``BlockManager.shrink``.
+    """
+    raise NotImplementedError
+
+
+def next_num_speculative_tokens(k: int, acceptance: float | None, k_max: int, k_min: int = 1,
+                                up: float = 0.8, down: float = 0.5) -> int:
+    """Adaptive k: how many tokens a request drafts at its next step.
+
+    ``acceptance``: its recent accepted / drafted (None: no drafts judged yet).
+    Contract: None -> k unchanged; above ``up`` -> k + 1; below ``down`` -> k - 1; else k;
+    the result clamped to [k_min, k_max].
+
+    Answer, after you try: ``minillm/spec/policy.py``, ``next_num_speculative_tokens``.
+    """
+    raise NotImplementedError
+
+
 def quiz_answers() -> dict[str, str | float]:
     """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from minillm import seams
+
 
 @dataclass(slots=True)
 class AttentionMetadata:
@@ -109,11 +111,17 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     group = Hq // Hkv
     out = torch.empty_like(q)
     starts = meta.query_start_loc_list
+    decode_seam = seams.plugged("paged_decode_attention")  # a learner's decode attention (chapter 3)
     for b, (n, ctx) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):
         if n == 0:
             continue
-        k, v = _row_kv(k_cache, v_cache, meta, b)  # [Hkv, ctx, D] each
         s = starts[b]
+        if n == 1 and decode_seam is not None:
+            if meta.block_tables_list is None:
+                meta.block_tables_list = meta.block_tables.tolist()
+            out[s] = decode_seam(q[s], k_cache, v_cache, meta.block_tables_list[b], ctx, scale).to(q.dtype)
+            continue
+        k, v = _row_kv(k_cache, v_cache, meta, b)  # [Hkv, ctx, D] each
         if n == 1:
             # GQA without copying K/V: the `group` query heads that share a KV head
             # become `group` query rows against that head's keys.

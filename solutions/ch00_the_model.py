@@ -4,6 +4,8 @@ Most answers are the code ``minillm`` itself runs; each wrapper says where to re
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from minillm import model, sampling
@@ -47,6 +49,22 @@ def decode_bytes_per_token(num_params: int, bytes_per_param: float, kv_bytes_per
     weight_bytes = num_params * bytes_per_param  # read once per step, whatever the batch
     kv_bytes = batch_size * context_len * kv_bytes_per_token  # every sequence reads its own past
     return (weight_bytes + kv_bytes) / batch_size
+
+
+def greedy_generate(forward: Callable[[list[int], int], torch.Tensor], prompt_ids: list[int],
+                    max_new_tokens: int, eos_token_id: int) -> list[int]:
+    """The loop of the chapter's ``naive_generate``: the prompt once, then one token per call."""
+    out: list[int] = []
+    fed, feed = 0, list(prompt_ids)
+    while len(out) < max_new_tokens:
+        logits = forward(feed, fed)
+        fed += len(feed)
+        token = int(logits[-1].argmax())
+        out.append(token)
+        if token == eos_token_id:
+            break
+        feed = [token]
+    return out
 
 
 def quiz_answers() -> dict[str, str | float]:

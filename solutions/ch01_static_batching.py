@@ -5,11 +5,14 @@ The answers run minillm's own code: the static scheduler, replayed by the simula
 """
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 
 from minillm.lab import hf_baselines
 from minillm.lab.cost_model import simulate
 from minillm.lab.workload import workload_from_lengths
+from minillm.request import Request, RequestStatus
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,6 +35,27 @@ def static_token_slots(prompt_lens: list[int], output_lens: list[int], max_num_s
     """Read ``minillm/metrics.py``, ``slot_accounting``: padded steps are B x W rectangles."""
     steps = _static_run(prompt_lens, output_lens, max_num_seqs).steps
     return sum(s.num_tokens for s in steps), sum(s.token_slots for s in steps)
+
+
+def static_schedule(group: list[Request], waiting: deque[Request], max_num_seqs: int,
+                    max_num_batched_tokens: int) -> list[tuple[Request, int]]:
+    """The policy of ``minillm/scheduler/static.py``, ``StaticScheduler.schedule``, on plain queues."""
+    live = [r for r in group if not r.is_finished]
+    if live:
+        return [(r, 1) for r in live]
+    group.clear()
+    rows, budget = [], max_num_batched_tokens
+    while waiting and len(group) < max_num_seqs:
+        r = waiting[0]
+        n = r.num_tokens - r.num_computed_tokens
+        if n > budget:
+            break
+        waiting.popleft()
+        r.status = RequestStatus.RUNNING
+        group.append(r)
+        rows.append((r, n))
+        budget -= n
+    return rows
 
 
 def quiz_answers() -> dict[str, str | float]:

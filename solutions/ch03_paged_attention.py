@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from minillm import block_manager
+from minillm.request import Request
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
@@ -78,6 +79,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         scores = scores.masked_fill(past[None, :], float("-inf"))
         m, l, acc = online_softmax_update(m, l, acc, scores, v)
     return (acc / l[:, None]).to(q.dtype)
+
+
+def choose_victim(running: list[Request]) -> Request:
+    """``minillm/scheduler/paged.py``, ``PagedScheduler._make_room``: the newest request."""
+    if not running:
+        raise ValueError("no running request to preempt")
+    return running[-1]
 
 
 def quiz_answers() -> dict[str, str | float]:

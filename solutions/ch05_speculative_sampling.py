@@ -58,6 +58,22 @@ def speculative_speedup(alpha: float, k: int, c_draft: float, c_verify: float) -
     return policy.expected_speedup(alpha, k, c_verify, c_draft)
 
 
+def rollback_blocks(block_ids: list[int], num_tokens: int, block_size: int) -> list[int]:
+    """``minillm/block_manager.py``, ``BlockManager.shrink``: keep ceil(num_tokens / block_size) blocks."""
+    keep = -(-num_tokens // block_size)
+    freed = block_ids[keep:]
+    del block_ids[keep:]
+    return freed
+
+
+def next_num_speculative_tokens(k: int, acceptance: float | None, k_max: int, k_min: int = 1,
+                                up: float = 0.8, down: float = 0.5) -> int:
+    """Read ``minillm/spec/policy.py``, ``next_num_speculative_tokens``."""
+    from minillm.spec import policy
+
+    return policy.next_num_speculative_tokens(k, acceptance, k_max, k_min, up, down)
+
+
 def quiz_answers() -> dict[str, str | float]:
     """q1: (1 - 0.8^5) / (1 - 0.8); q2: 0.2 + 0.3 + 0.2; q3: 3.3616 / (4 x 0.1 + 1.2)."""
     return {"q1": 3.3616, "q2": 0.7, "q3": 3.3616 / 1.6, "q4": "d"}

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minillm import seams
+
 
 @dataclass(slots=True)
 class NgramProposer:
@@ -38,6 +40,13 @@ class NgramProposer:
             return []
         tokens = list(token_ids)
         L = len(tokens)
+        one_n = seams.plugged("ngram_propose")  # a learner's lookup for one n (chapter 5)
+        if one_n is not None:
+            for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
+                proposal = list(one_n(tokens, n, k))
+                if proposal:
+                    return proposal
+            return []
         for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
             suffix = tokens[L - n:]
             # An occurrence starting at j is followed by tokens[j + n]; j + n <= L - 1

@@ -33,7 +33,7 @@ depend on what was drafted (and hence on its batch); see its docstring for the p
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -344,3 +344,45 @@ def coupled_acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     safe_p, safe_q = torch.where(both, p, 1.0), torch.where(both, q, 1.0)
     ratios = torch.maximum(p[..., None, :] / safe_p[..., :, None], q[..., None, :] / safe_q[..., :, None])
     return torch.where(both, 1.0 / ratios.sum(dim=-1), 0.0).sum(dim=-1)
+
+
+def per_row_verifier(rule: Callable) -> Callable:
+    """A verifier (``coupled_verify``'s signature) built on a one-request rule with the
+    signature of chapter 5's exercise ``rejection_sample_one(draft_tokens, q, p, uniforms)
+    -> (accepted draft tokens, distribution of the next token)``.
+
+    q is the one-hot of each draft (a deterministic drafter: prompt lookup, or any drafter
+    at temperature 0). The randomness comes from the same per-position Exp(1) noise as
+    plain sampling: draft i is judged with u_i = exp(-E_i[x_i]), which is Uniform(0, 1),
+    and the next token is argmax(r / E_j) of the returned distribution r at the stopping
+    slot j. After a rejection r(x_j) = 0, so the sample reads only E_j[z] for z != x_j,
+    which are independent of u_j: the pair is an exact sample of the rule. Greedy rows
+    (noise all ones) emit exactly the library's tokens.
+    """
+    def verify(draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
+               noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, k = draft_token_ids.shape
+        V = target_probs.shape[-1]
+        out = torch.full((B, k + 1), -1, dtype=torch.long, device=target_probs.device)
+        num = torch.zeros(B, dtype=torch.long, device=target_probs.device)
+        for b in range(B):
+            drafts = [int(x) for x in draft_token_ids[b].tolist() if x >= 0]
+            s = len(drafts)
+            p = target_probs[b, :s + 1].float()  # [s+1, V]
+            idx = torch.tensor(drafts, dtype=torch.long, device=p.device)
+            q = torch.zeros(s, V, dtype=p.dtype, device=p.device)
+            q[torch.arange(s, device=p.device), idx] = 1.0
+            u = torch.exp(-noise[b, torch.arange(s, device=p.device), idx].float()) if s else p.new_zeros(0)
+            accepted, dist = rule(drafts, q, p, u)
+            accepted = [int(x) for x in accepted]
+            if accepted != drafts[:len(accepted)]:
+                raise ValueError(f"rejection_sample_one returned {accepted}: the accepted tokens must be "
+                                 f"a prefix of the drafts {drafts}")
+            j = len(accepted)
+            nxt = exponential_race(dist.to(p.dtype)[None], noise[b, j][None].to(p.dtype))[0]
+            row = accepted + [int(nxt)]
+            out[b, :len(row)] = torch.tensor(row, dtype=torch.long, device=out.device)
+            num[b] = len(row)
+        return out, num
+
+    return verify

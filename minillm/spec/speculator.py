@@ -42,7 +42,8 @@ from ..request import Request
 from ..sampling import noise_for_rows, sample_at
 from ..scheduler.output import SchedulerOutput
 from . import policy
-from .rejection_sampler import coupled_verify, target_probs_from_logits
+from .. import seams
+from .rejection_sampler import coupled_verify, per_row_verifier, target_probs_from_logits
 
 # (draft_token_ids [G, s], target_probs [G, s+1, V], noise [G, s+1, V]) -> (tokens [G, s+1], num [G])
 Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -141,6 +142,8 @@ class Speculator:
         """
         self.stats.target_forwards += 1
         logits = model_out.logits
+        rule = seams.plugged("rejection_sample_one")  # a learner's rule, one request at a time (chapter 5)
+        verifier = self.verifier if rule is None else per_row_verifier(rule)
         groups: dict[int, list[tuple[int, int, int | None]]] = defaultdict(list)  # s -> [(row, logits row, token)]
         starts_t = model_out.token_starts or [None] * len(model_out.rows)
         for i, offset, t0 in zip(model_out.rows, model_out.offsets, starts_t):
@@ -159,7 +162,7 @@ class Speculator:
             p = target_probs_from_logits(rows, params)  # [G, s+1, V]
             noise = noise_for_rows(params, seeds, starts, s + 1, p.shape[-1], gens, p.device)  # [G, s+1, V]
             d = self._drafts(out, model_out, members, s, logits.device)  # [G, s]
-            tokens, num = self.verifier(d, p, noise)  # [G, s+1], [G]
+            tokens, num = verifier(d, p, noise)  # [G, s+1], [G]
             results.append(torch.cat([tokens.long().flatten(), num.long()]))
         flat = torch.cat(results).tolist() if results else []  # the step's one host read
         emitted: dict[int, list[int]] = {}
@@ -201,7 +204,8 @@ class Speculator:
                     r = row.request
                     k = self.config.num_speculative_tokens if r.num_speculative_tokens is None \
                         else r.num_speculative_tokens
-                    r.num_speculative_tokens = policy.next_num_speculative_tokens(
+                    next_k = seams.plugged("next_num_speculative_tokens") or policy.next_num_speculative_tokens
+                    r.num_speculative_tokens = next_k(
                         k, policy.recent_acceptance(history), self.config.num_speculative_tokens)
         st.spec_steps += any(out.rows[i].spec_token_ids for i in emitted)
 

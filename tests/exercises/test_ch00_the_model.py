@@ -23,6 +23,7 @@ apply_rope = adapters.function(CHAPTER, "apply_rope")
 apply_top_k_top_p = adapters.function(CHAPTER, "apply_top_k_top_p")
 sample_next_token = adapters.function(CHAPTER, "sample_next_token")
 decode_bytes_per_token = adapters.function(CHAPTER, "decode_bytes_per_token")
+greedy_generate = adapters.function(CHAPTER, "greedy_generate")
 quiz_answers = adapters.function(CHAPTER, "quiz_answers")
 
 
@@ -438,6 +439,57 @@ def test_decode_bytes_batching_amortizes_weights():
     assert per_token[-1] == pytest.approx(kv_only + _PARAMS * 2 / 4096), (
         "with a huge batch the weights are nearly free and each token costs about its own KV reads"
     )
+
+
+# ---------------------------------------------------------------- greedy_generate
+
+
+class _CountingModel:
+    """A fake KV-cached model: the next token is (sum of everything fed so far) % V.
+    It checks that every call continues exactly where the last one stopped."""
+
+    def __init__(self, V: int = 11):
+        self.V, self.fed, self.calls = V, [], []
+
+    def __call__(self, token_ids, start):
+        assert start == len(self.fed), (
+            f"forward(token_ids, start={start}) but {len(self.fed)} tokens were fed before: start must be that count "
+            f"(and no token fed twice)")
+        self.calls.append(list(token_ids))
+        rows = []
+        for t in token_ids:
+            self.fed.append(int(t))
+            row = torch.zeros(self.V)
+            row[sum(self.fed) % self.V] = 1.0
+            rows.append(row)
+        return torch.stack(rows)
+
+
+def _greedy_ref(prompt, n, eos, V=11):
+    fed, out = list(prompt), []
+    while len(out) < n:
+        t = sum(fed) % V
+        out.append(t)
+        if t == eos:
+            break
+        fed.append(t)
+    return out
+
+
+def test_greedy_generate_feeds_the_prompt_once_then_one_token():
+    m = _CountingModel()
+    got = greedy_generate(m, [3, 1, 4, 1, 5], 6, eos_token_id=-1)
+    assert got == _greedy_ref([3, 1, 4, 1, 5], 6, -1), "the next token is the argmax of the last logits row"
+    assert m.calls[0] == [3, 1, 4, 1, 5], "the first call feeds the whole prompt"
+    assert all(len(c) == 1 for c in m.calls[1:]), "every later call feeds only the token generated last"
+    assert len(m.calls) == 6, "max_new_tokens tokens take exactly that many forwards (the last one is not fed)"
+
+
+def test_greedy_generate_stops_at_eos_and_keeps_it():
+    prompt = [2, 2]
+    ref = _greedy_ref(prompt, 50, eos=7)
+    assert 7 in ref and len(ref) < 50  # the fake model reaches 7 within a few steps
+    assert greedy_generate(_CountingModel(), prompt, 50, eos_token_id=7) == ref, "stop right after EOS, EOS included"
 
 
 # ---------------------------------------------------------------- questions

@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import random
 
+import random
+from collections import deque
+
 import pytest
 import torch
 
 import adapters
+from minillm.request import Request, RequestStatus
+from minillm.sampling import SamplingParams
 from minillm.lab import quiz
 
 pytestmark = pytest.mark.exercises
@@ -19,6 +24,7 @@ CHAPTER = "ch01_static_batching"
 left_pad = adapters.function(CHAPTER, "left_pad")
 static_num_steps = adapters.function(CHAPTER, "static_num_steps")
 static_token_slots = adapters.function(CHAPTER, "static_token_slots")
+static_schedule = adapters.function(CHAPTER, "static_schedule")
 quiz_answers = adapters.function(CHAPTER, "quiz_answers")
 
 
@@ -114,6 +120,78 @@ def test_static_token_slots_random():
 def test_skewed_batch_wastes_most_slots():
     useful, total = static_token_slots([16] * 8, [20] * 7 + [800], 8)
     assert useful / total < 0.2, "one 800-token request among 20-token ones keeps 7 of 8 slots idle"
+
+
+# ---------------------------------------------------------------- static_schedule
+
+
+def _sreq(rid: str, prompt: int, max_tokens: int = 4):
+    return Request(rid, [5] * prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+                   arrival_time=0.0)
+
+
+def _drive(schedule, prompts, outputs, B, T):
+    """Run a whole workload through a static policy with a fake forward; returns each step's rows."""
+    waiting = deque(_sreq(str(i), p, o) for i, (p, o) in enumerate(zip(prompts, outputs)))
+    group, steps = [], []
+    while waiting or any(not r.is_finished for r in group):
+        rows = schedule(group, waiting, B, T)
+        assert rows, "a step with work left must schedule something"
+        for r, n in rows:
+            r.num_computed_tokens += n
+            r.output_token_ids.append(7)
+            if r.num_output_tokens == r.sampling_params.max_tokens:
+                r.status = RequestStatus.FINISHED
+        steps.append([(r.request_id, n) for r, n in rows])
+        assert len(steps) < 1000
+    return steps
+
+
+def _static_ref(prompts, outputs, B, T):
+    steps, i, n = [], 0, len(prompts)
+    while i < n:
+        members, budget = [], T
+        while i < n and len(members) < B and prompts[i] <= budget:
+            members.append(i); budget -= prompts[i]; i += 1
+        steps.append([(str(j), prompts[j]) for j in members])
+        gen = {j: 1 for j in members}
+        while any(gen[j] < outputs[j] for j in members):
+            live = [j for j in members if gen[j] < outputs[j]]
+            steps.append([(str(j), 1) for j in live])
+            for j in live:
+                gen[j] += 1
+    return steps
+
+
+def test_static_schedule_forms_a_group_then_decodes_it_out():
+    waiting = deque([_sreq("a", 3), _sreq("b", 5), _sreq("c", 2)])
+    group = []
+    rows = static_schedule(group, waiting, 2, 64)
+    assert [(r.request_id, n) for r, n in rows] == [("a", 3), ("b", 5)], "the first B requests prefill together"
+    assert [r.request_id for r in group] == ["a", "b"] and [r.request_id for r in waiting] == ["c"]
+    assert all(r.status is RequestStatus.RUNNING for r in group)
+    group[0].status = RequestStatus.FINISHED
+    rows = static_schedule(group, waiting, 2, 64)
+    assert [(r.request_id, n) for r, n in rows] == [("b", 1)], (
+        "while a member is unfinished, only the unfinished decode and nobody is admitted (the barrel)")
+    assert len(group) == 2, "a finished member stays in the group until the group is done"
+
+
+def test_static_schedule_respects_the_token_budget_fcfs():
+    waiting = deque([_sreq("a", 6), _sreq("b", 6), _sreq("c", 1)])
+    rows = static_schedule([], waiting, 4, 10)
+    assert [(r.request_id, n) for r, n in rows] == [("a", 6)], "b does not fit and c may not overtake it"
+
+
+def test_static_schedule_drives_whole_runs():
+    rng = random.Random(1)
+    for _ in range(20):
+        n = rng.randint(1, 9)
+        prompts = [rng.randint(1, 10) for _ in range(n)]
+        outputs = [rng.randint(1, 8) for _ in range(n)]
+        B, T = rng.randint(1, 4), rng.randint(10, 30)
+        assert _drive(static_schedule, prompts, outputs, B, T) == _static_ref(prompts, outputs, B, T), (
+            f"prompts {prompts}, outputs {outputs}, B={B}, T={T}")
 
 
 # ---------------------------------------------------------------- questions

@@ -24,6 +24,7 @@ allocate_blocks = adapters.function(CHAPTER, "allocate_blocks")
 free_blocks = adapters.function(CHAPTER, "free_blocks")
 online_softmax_update = adapters.function(CHAPTER, "online_softmax_update")
 paged_decode_attention = adapters.function(CHAPTER, "paged_decode_attention")
+choose_victim = adapters.function(CHAPTER, "choose_victim")
 quiz_answers = adapters.function(CHAPTER, "quiz_answers")
 
 
@@ -246,6 +247,20 @@ def test_paged_decode_attention_ignores_garbage_and_unused_table_entries():
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5,
                                msg=lambda s: "only the first ceil(context_len / block_size) table entries "
                                              "and the first context_len positions count\n" + s)
+
+
+# ---------------------------------------------------------------- choose_victim
+
+
+def test_choose_victim_is_the_newest_and_leaves_the_list_alone():
+    from minillm.request import Request
+    from minillm.sampling import SamplingParams
+
+    running = [Request(str(i), [1, 2], SamplingParams(max_tokens=4)) for i in range(4)]
+    before = list(running)
+    assert choose_victim(running) is running[-1], "preempt the request admitted last (least work lost)"
+    assert running == before, "choose_victim must not modify the running list"
+    assert choose_victim(running[:1]) is running[0]
 
 
 # ---------------------------------------------------------------- questions

@@ -21,6 +21,8 @@ rejection_sample_one = adapters.function(CHAPTER, "rejection_sample_one")
 ngram_propose = adapters.function(CHAPTER, "ngram_propose")
 expected_tokens_per_forward = adapters.function(CHAPTER, "expected_tokens_per_forward")
 speculative_speedup = adapters.function(CHAPTER, "speculative_speedup")
+rollback_blocks = adapters.function(CHAPTER, "rollback_blocks")
+next_num_speculative_tokens = adapters.function(CHAPTER, "next_num_speculative_tokens")
 quiz_answers = adapters.function(CHAPTER, "quiz_answers")
 
 
@@ -269,6 +271,34 @@ def test_speculative_speedup_break_even():
 def test_speculative_speedup_rejects_bad_input(bad):
     with pytest.raises(ValueError):
         speculative_speedup(*bad)
+
+
+# ---------------------------------------------------------------- rollback_blocks / next_num_speculative_tokens
+
+
+@pytest.mark.parametrize("num_tokens,block_size,kept", [(33, 16, 3), (32, 16, 2), (1, 16, 1), (0, 16, 0), (17, 4, 5)])
+def test_rollback_blocks_keeps_what_the_kept_tokens_need(num_tokens, block_size, kept):
+    table = [9, 4, 7, 1, 8, 3]
+    freed = rollback_blocks(table, num_tokens, block_size)
+    assert table == [9, 4, 7, 1, 8, 3][:kept], f"{num_tokens} tokens of block size {block_size} need {kept} blocks"
+    assert freed == [9, 4, 7, 1, 8, 3][kept:], "return the removed blocks, in table order"
+
+
+def test_rollback_blocks_with_nothing_to_free():
+    table = [5, 6]
+    assert rollback_blocks(table, 20, 16) == [] and table == [5, 6]
+
+
+@pytest.mark.parametrize("k,acc,want", [(3, None, 3), (3, 0.9, 4), (3, 0.8, 3), (3, 0.5, 3), (3, 0.49, 2),
+                                        (4, 1.0, 4), (1, 0.0, 1), (2, 0.7, 2)])
+def test_next_num_speculative_tokens(k, acc, want):
+    assert next_num_speculative_tokens(k, acc, 4) == want, (
+        f"k={k}, acceptance={acc}, k_max=4: up above 0.8, down below 0.5, clamped to [1, 4]")
+
+
+def test_next_num_speculative_tokens_custom_thresholds():
+    assert next_num_speculative_tokens(2, 0.6, 8, k_min=2, up=0.5, down=0.2) == 3
+    assert next_num_speculative_tokens(2, 0.1, 8, k_min=2, up=0.5, down=0.2) == 2
 
 
 # ---------------------------------------------------------------- questions

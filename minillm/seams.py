@@ -1,0 +1,100 @@
+"""Seams: the places where a learner's function can take the place of the engine's own.
+
+Each chapter's core mechanism is called through a seam with the exact signature of the
+chapter's exercise. Nothing is plugged by default: the engine runs its own code, and the
+check at each call site is one dictionary lookup. ``plug`` swaps implementations in for
+the duration of a ``with`` block (a notebook cell, a capstone run, a test)::
+
+    from minillm import seams
+    with seams.plug(paged_decode_attention=my_attention):
+        llm.generate(...)            # every decode row's attention is yours
+
+``SEAMS`` lists every seam: the exercise it comes from and the library code it replaces.
+A name that is not a seam, or a value that is not callable, is a ValueError, so a typo
+cannot silently leave the library's code in place.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+
+@dataclass(frozen=True)
+class Seam:
+    name: str  # the exercise function's name, which is also the seam's
+    chapter: str  # exercises/<chapter>.py
+    replaces: str  # the library code that runs when nothing is plugged
+
+
+SEAMS: dict[str, Seam] = {s.name: s for s in [
+    Seam("static_schedule", "ch01_static_batching", "StaticScheduler.schedule: forming a group, decoding it out"),
+    Seam("schedule_step", "ch02_continuous_batching", "ContinuousScheduler.schedule: decodes, then FCFS admission"),
+    Seam("blocks_needed", "ch03_paged_attention", "block_manager.blocks_needed"),
+    Seam("slot_mapping", "ch03_paged_attention", "block_manager.slots_for: token positions -> cache slots"),
+    Seam("allocate_blocks", "ch03_paged_attention", "BlockAllocator.allocate: pop from the free list"),
+    Seam("free_blocks", "ch03_paged_attention", "BlockAllocator.free: drop references, recycle at zero"),
+    Seam("choose_victim", "ch03_paged_attention", "PagedScheduler: which running request to preempt"),
+    Seam("paged_decode_attention", "ch03_paged_attention", "attention.torch_attention: one decode row"),
+    Seam("split_budget", "ch04_chunked_prefill", "PagedScheduler: prompt tokens each prefill gets this step"),
+    Seam("rejection_sample_one", "ch05_speculative_sampling", "Speculator.verify: the rule, one request"),
+    Seam("ngram_propose", "ch05_speculative_sampling", "NgramProposer.propose: one suffix length"),
+    Seam("rollback_blocks", "ch05_speculative_sampling", "BlockManager.shrink: free rejected drafts' blocks"),
+    Seam("next_num_speculative_tokens", "ch05_speculative_sampling", "policy.next_num_speculative_tokens"),
+]}
+
+_plugged: dict[str, Callable] = {}
+_inside: set[str] = set()  # seams whose plugged function is running right now
+
+
+def plugged(name: str) -> Callable | None:
+    """The function plugged into seam ``name``, or None: the library's own code runs.
+
+    While a plugged function runs, its own seam reads as unplugged: a function that calls
+    the library's version (the reference answers in solutions/ do) gets the library's
+    code, not itself again.
+    """
+    return None if name in _inside else _plugged.get(name)
+
+
+def _guarded(name: str, fn: Callable) -> Callable:
+    def call(*args, **kwargs):
+        if name in _inside:
+            return fn(*args, **kwargs)
+        _inside.add(name)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _inside.discard(name)
+
+    call.__wrapped__ = fn
+    return call
+
+
+def _check(impls: dict[str, Callable]) -> None:
+    for name, fn in impls.items():
+        if name not in SEAMS:
+            raise ValueError(f"{name!r} is not a seam; seams: {', '.join(SEAMS)}")
+        if fn is not None and not callable(fn):
+            raise ValueError(f"seam {name!r} needs a function with the signature of "
+                             f"exercises/{SEAMS[name].chapter}.py::{name}, got {type(fn).__name__}")
+
+
+@contextlib.contextmanager
+def plug(**impls: Callable | None) -> Iterator[None]:
+    """Use ``impls`` (seam name -> function; None leaves the library's) inside the block."""
+    _check(impls)
+    saved = dict(_plugged)
+    _plugged.update({k: _guarded(k, v) for k, v in impls.items() if v is not None})
+    try:
+        yield
+    finally:
+        _plugged.clear()
+        _plugged.update(saved)
+
+
+def seams_of(chapter: str) -> list[Seam]:
+    return [s for s in SEAMS.values() if s.chapter.startswith(chapter[:4])]
+
+
+__all__ = ["Seam", "SEAMS", "plug", "plugged", "seams_of"]
