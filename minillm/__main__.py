@@ -1,4 +1,4 @@
-"""Command line: ``python -m minillm generate "PROMPT"``, ``bench`` and ``serve``."""
+"""Command line: ``python -m minillm generate "PROMPT"``, ``bench``, ``serve`` and ``load``."""
 from __future__ import annotations
 
 import argparse
@@ -63,11 +63,12 @@ def generate(argv: list[str]) -> int:
     return 0
 
 
-USAGE = """usage: python -m minillm {generate,bench,serve} ...
+USAGE = """usage: python -m minillm {generate,bench,serve,load} ...
 
   generate   generate a completion and stream it  (python -m minillm generate --help)
   bench      benchmark engines side by side        (python -m minillm bench --help)
   serve      an OpenAI-compatible HTTP server      (python -m minillm serve --help)
+  load       an open-loop load test of a server    (python -m minillm load --help)
 """
 
 
@@ -86,13 +87,16 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "serve":
             from minillm.serving.server import main as serve_main
             return serve_main(rest)
+        if cmd == "load":
+            from minillm.serving.load import main as load_main
+            return load_main(rest)
     except (ValueError, FileNotFoundError) as e:
         # Bad input is the user's to fix: one line, no traceback.
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    print(f"error: unknown command {cmd!r}; valid commands: generate, bench, serve", file=sys.stderr)
+    print(f"error: unknown command {cmd!r}; valid commands: generate, bench, serve, load", file=sys.stderr)
     return 2
 
 
