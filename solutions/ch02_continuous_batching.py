@@ -1,7 +1,7 @@
 """Chapter 2 solutions: same names and signatures as ``exercises/ch02_continuous_batching.py``.
 
-Both answers run minillm's ``ContinuousScheduler``: the first on the caller's queues,
-the second through the simulator.
+``schedule_step`` is the continuous policy on plain queues (the engine's seam);
+the step counts and makespans come from, or are checked against, the simulator.
 """
 from __future__ import annotations
 
@@ -9,29 +9,30 @@ from collections import deque
 from typing import Callable
 
 from minillm.lab.cost_model import simulate
-from minillm.request import Request
-from minillm.scheduler import ContinuousScheduler
+from minillm.request import Request, RequestStatus
 from minillm.lab.workload import workload_from_lengths
 
 
 def schedule_step(running: list[Request], waiting: deque[Request], max_num_seqs: int,
                   max_num_batched_tokens: int) -> list[tuple[Request, int]]:
-    """Read ``minillm/scheduler/continuous.py``, ``ContinuousScheduler.schedule``.
-
-    In the engine, step 1 (removing finished requests) happens in ``Scheduler.update``
-    right after the forward; here it is done first, then the scheduler runs on the
-    caller's own queues. (It also hands each admitted request a KV slot in ``block_ids``.)
-    """
+    """The policy of ``minillm/scheduler/continuous.py``, ``ContinuousScheduler.schedule``,
+    on plain queues. (In the engine, step 1, removing finished requests, happens in
+    ``Scheduler.update`` right after the forward; here it comes first.) This is the seam
+    the engine calls, so it touches nothing but the two queues and the statuses."""
     running[:] = [r for r in running if not r.is_finished]
-    sched = ContinuousScheduler(max_num_seqs, max_num_batched_tokens, max_model_len=1 << 30, eos_token_id=-1)
-    sched.running = running  # the same list objects: admissions land in the caller's queues
-    sched.waiting = waiting
-    for r in running:  # each holds a slot of an earlier call's scheduler: seat it in this one's
-        r.block_ids = []
-        sched.block_manager.grow(r, 1)
-    sched.clock = lambda: float("inf")  # everything in ``waiting`` has arrived
-    out = sched.schedule()
-    return [(row.request, row.num_new_tokens) for row in out.rows]
+    rows = [(r, 1) for r in running]  # decodes first: one token each
+    budget = max_num_batched_tokens - len(rows)
+    while waiting and len(running) < max_num_seqs:
+        r = waiting[0]
+        n = r.num_tokens - r.num_computed_tokens
+        if n > budget:
+            break  # FCFS: the head waits for a roomier step, nobody jumps the queue
+        waiting.popleft()
+        r.status = RequestStatus.RUNNING
+        running.append(r)
+        rows.append((r, n))
+        budget -= n
+    return rows
 
 
 def continuous_num_steps(prompt_lens: list[int], output_lens: list[int], max_num_seqs: int,
