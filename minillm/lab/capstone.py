@@ -58,7 +58,8 @@ PIECES: list[Piece] = [
     Piece("speculative decoding", "ch05_speculative_sampling",
           ("rejection_sample_one", "ngram_propose", "rollback_blocks", "next_num_speculative_tokens"),
           dict(engine="paged", max_num_seqs=4, block_size=8,
-               speculative=dict(method="ngram", num_speculative_tokens=3, adaptive=True))),
+               speculative=dict(method="ngram", num_speculative_tokens=3, adaptive=True,
+                                disable_by_batch_size=None))),
 ]
 
 # The workload every engine piece runs: short prompts, some with repeats (prompt lookup

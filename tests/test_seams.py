@@ -1,0 +1,141 @@
+"""Seams: a learner's function takes the place of the engine's own, and the engine stays exact.
+
+Fast checks on a tiny random Llama; tests/test_capstone.py runs the real model.
+"""
+from __future__ import annotations
+
+import sys
+from collections import deque
+from pathlib import Path
+
+import pytest
+import torch
+
+from minillm import SamplingParams, seams
+from test_spec_engine import TINY_WEIGHTS, TINY, assert_all_free, run, tiny_engine, tiny_prompts
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import solutions.ch01_static_batching as s01  # noqa: E402
+import solutions.ch02_continuous_batching as s02  # noqa: E402
+import solutions.ch03_paged_attention as s03  # noqa: E402
+import solutions.ch05_speculative_sampling as s05  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def schedule_of(engine):
+    return [(tuple(s.request_ids), tuple(s.num_new_tokens), s.kv_reserved_bytes) for s in engine.step_records]
+
+
+def test_plug_rejects_unknown_seams_and_non_functions():
+    with pytest.raises(ValueError, match="is not a seam"):
+        with seams.plug(schedule_stepp=s02.schedule_step):
+            pass
+    with pytest.raises(ValueError, match="needs a function"):
+        with seams.plug(schedule_step=42):
+            pass
+
+
+def test_plug_restores_the_library_even_after_an_error():
+    with pytest.raises(RuntimeError):
+        with seams.plug(schedule_step=s02.schedule_step):
+            assert seams.plugged("schedule_step") is not None
+            raise RuntimeError("boom")
+    assert seams.plugged("schedule_step") is None
+
+
+def test_a_plugged_function_that_calls_the_library_gets_the_library():
+    seen = []
+
+    def mine(tokens, n, k):
+        seen.append(seams.plugged("ngram_propose"))  # inside: the seam reads as unplugged
+        return s05.ngram_propose(tokens, n, k)
+
+    with seams.plug(ngram_propose=mine):
+        from minillm.spec.ngram import NgramProposer
+
+        assert NgramProposer(n_max=2, n_min=1, k=2).propose([1, 2, 3, 1, 2]) == [3, 1]
+    assert seen and all(s is None for s in seen)
+
+
+def test_spec_seams_keep_greedy_output_and_blocks():
+    prompts = tiny_prompts(4)
+    spec = dict(method="ngram", num_speculative_tokens=3, adaptive=True, prompt_lookup_min=1,
+                disable_by_batch_size=None)
+    ref_engine = tiny_engine(spec, attention_backend="torch")
+    ref = run(ref_engine, prompts, GREEDY)
+    eng = tiny_engine(spec, attention_backend="torch")
+    with seams.plug(rejection_sample_one=s05.rejection_sample_one, ngram_propose=s05.ngram_propose,
+                    next_num_speculative_tokens=s05.next_num_speculative_tokens,
+                    paged_decode_attention=s03.paged_decode_attention):
+        got = run(eng, prompts, GREEDY)
+    assert got == ref
+    assert schedule_of(eng) == schedule_of(ref_engine)
+    assert eng.speculator.stats.num_drafts > 0 and eng.speculator.stats.num_accepted > 0
+    assert_all_free(eng)
+
+
+def test_a_verifier_that_accepts_every_draft_changes_the_output():
+    prompts = tiny_prompts(4)
+    spec = dict(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, disable_by_batch_size=None)
+    ref = run(tiny_engine(spec), prompts, GREEDY)
+
+    def accept_all(draft_tokens, q, p, uniforms):
+        return list(draft_tokens), p[len(draft_tokens)]
+
+    eng = tiny_engine(spec)
+    with seams.plug(rejection_sample_one=accept_all):
+        assert run(eng, prompts, GREEDY) != ref
+
+
+@pytest.mark.parametrize("engine,seam,fn", [("continuous", "schedule_step", s02.schedule_step),
+                                            ("static", "static_schedule", s01.static_schedule)])
+def test_scheduling_seams_reproduce_the_library_schedule(engine, seam, fn):
+    prompts = tiny_prompts(6, seed=3)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (3, 9, 5, 12, 2, 7)]
+    ref_engine = tiny_engine(engine=engine, max_num_seqs=3)
+    ref = [o.token_ids for o in ref_engine.run([ref_engine.make_request(p, sp) for p, sp in zip(prompts, params)])]
+    eng = tiny_engine(engine=engine, max_num_seqs=3)
+    with seams.plug(**{seam: fn}):
+        got = [o.token_ids for o in eng.run([eng.make_request(p, sp) for p, sp in zip(prompts, params)])]
+    assert got == ref and schedule_of(eng) == schedule_of(ref_engine)
+    assert_all_free(eng)
+
+
+def test_a_scheduler_that_waits_for_the_batch_to_drain_changes_the_schedule():
+    def drain_first(running, waiting, B, T):
+        running[:] = [r for r in running if not r.is_finished]
+        if running:  # wrong: nobody joins until everyone has left
+            return [(r, 1) for r in running]
+        return s02.schedule_step(running, waiting, B, T)
+
+    prompts = tiny_prompts(6, seed=3)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (3, 9, 5, 12, 2, 7)]
+    ref_engine = tiny_engine(engine="continuous", max_num_seqs=3)
+    ref_engine.run([ref_engine.make_request(p, sp) for p, sp in zip(prompts, params)])
+    eng = tiny_engine(engine="continuous", max_num_seqs=3)
+    with seams.plug(schedule_step=drain_first):
+        eng.run([eng.make_request(p, sp) for p, sp in zip(prompts, params)])
+    assert schedule_of(eng) != schedule_of(ref_engine)
+
+
+def test_a_policy_the_engine_cannot_carry_out_is_a_clear_error():
+    def overtakes(running, waiting, B, T):
+        r = waiting.pop()  # the newest, not the oldest
+        return [(r, r.num_tokens)]
+
+    eng = tiny_engine(engine="continuous", max_num_seqs=3)
+    for p in tiny_prompts(2):
+        eng.add_request(p, GREEDY)
+    with seams.plug(schedule_step=overtakes):
+        with pytest.raises(ValueError, match="not the oldest waiting request"):
+            eng.step()
