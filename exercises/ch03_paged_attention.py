@@ -169,6 +169,31 @@ def choose_victim(running: list[Request]) -> Request:
     raise NotImplementedError
 
 
+def store_kv_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> None:
+    """Write this step's keys and values into the paged cache with a Triton kernel you write.
+
+    Shapes: k, v [T, Hkv, D] (head_dim contiguous; rows may be strided);
+    k_cache, v_cache [num_blocks, block_size, Hkv, D] (contiguous); slot_mapping [T] int.
+    In place: the cache viewed as [num_blocks * block_size, Hkv, D] gets row
+    ``slot_mapping[t]`` <- k[t] (and v[t]); a slot of -1 is a padding token: skip it.
+
+    Contract: a ``@triton.jit`` kernel (define it at module level, above this function),
+    one program per token (grid ``(T,)``), launched here; every other slot of the cache
+    is left untouched. The tests run it under the Triton interpreter on the CPU
+    (``TRITON_INTERPRET=1``, set by the test setup), against a PyTorch oracle.
+
+    Hints: ``t = tl.program_id(0)``; load the slot, ``if slot >= 0:``; a [BLOCK_H, BLOCK_D]
+    tile from ``tl.arange`` (powers of two: ``triton.next_power_of_2``) with a mask for
+    the padding; pass ``k.stride(0)``, ``k.stride(1)`` so strided rows work; the
+    destination of a slot is ``slot * Hkv * D + h * D + d``. Import triton inside this
+    file (``import triton``, ``import triton.language as tl``).
+
+    Answer, after you try: ``minillm/kernels/store_kv.py``.
+    """
+    raise NotImplementedError
+
+
 def quiz_answers() -> dict[str, str | float]:
     """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
 

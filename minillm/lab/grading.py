@@ -78,6 +78,32 @@ def show_grade(chapter: str, impl_name: str | None = None, timeout: float = 300.
     return text
 
 
+def schedule_of(steps) -> list[tuple]:
+    """What "the same schedule" means: per step, who ran, how many tokens each fed, KV memory held."""
+    return [(tuple(s.request_ids), tuple(s.num_new_tokens), s.kv_reserved_bytes) for s in steps]
+
+
+def run_in_engine(lab, chapter: str, names: list[str], engine: str, workload, reference=None, **options):
+    """The real engine on ``workload`` with the learner's functions ``names`` plugged into
+    their seams (``minillm/seams.py``), next to the library's own run (``reference``, run
+    here when not given). Prints whose code ran and whether the greedy tokens and the step
+    schedule are identical; returns (reference, yours), two ``RunResult``s to chart."""
+    from minillm import seams
+
+    fns = {n: mine(chapter, n) for n in names}
+    if reference is None:
+        reference = lab.run(engine, workload, progress=False, **options)
+    with seams.plug(**fns):
+        yours = lab.run(engine, workload, progress=False, **options)
+    same_tokens = yours.output_token_ids == reference.output_token_ids
+    same_schedule = schedule_of(yours.steps) == schedule_of(reference.steps)
+    whose = ", ".join(f"{n} ({f.source})" for n, f in fns.items())
+    print(f"{engine} engine with {whose}: {len(yours.steps)} steps (library: {len(reference.steps)}); "
+          f"tokens identical: {same_tokens}; schedule identical: {same_schedule}")
+    yours.extra.update(same_tokens=same_tokens, same_schedule=same_schedule)
+    return reference, yours
+
+
 def replay_schedule_step(schedule_step: Callable, prompt_lens: list[int], output_lens: list[int],
                          max_num_seqs: int, max_num_batched_tokens: int) -> list[list[tuple[str, int]]]:
     """Drive a ``schedule_step(running, waiting, B, T)`` (chapter 2's exercise) over a whole
@@ -107,4 +133,4 @@ def replay_schedule_step(schedule_step: Callable, prompt_lens: list[int], output
     return steps
 
 
-__all__ = ["mine", "show_grade", "impl", "replay_schedule_step"]
+__all__ = ["mine", "show_grade", "impl", "replay_schedule_step", "run_in_engine", "schedule_of"]

@@ -25,6 +25,7 @@ free_blocks = adapters.function(CHAPTER, "free_blocks")
 online_softmax_update = adapters.function(CHAPTER, "online_softmax_update")
 paged_decode_attention = adapters.function(CHAPTER, "paged_decode_attention")
 choose_victim = adapters.function(CHAPTER, "choose_victim")
+store_kv_triton = adapters.function(CHAPTER, "store_kv_triton")
 quiz_answers = adapters.function(CHAPTER, "quiz_answers")
 
 
@@ -261,6 +262,51 @@ def test_choose_victim_is_the_newest_and_leaves_the_list_alone():
     assert choose_victim(running) is running[-1], "preempt the request admitted last (least work lost)"
     assert running == before, "choose_victim must not modify the running list"
     assert choose_victim(running[:1]) is running[0]
+
+
+# ---------------------------------------------------------------- store_kv_triton (Triton interpreter)
+
+
+def _store_ref(k, v, k_cache, v_cache, slots):
+    H, D = k_cache.shape[2:]
+    kc, vc = k_cache.clone().view(-1, H, D), v_cache.clone().view(-1, H, D)
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            kc[s], vc[s] = k[t], v[t]
+    return kc.view_as(k_cache), vc.view_as(v_cache)
+
+
+@pytest.mark.parametrize("H,D,block_size,T", [(3, 64, 16, 7), (2, 8, 4, 5), (1, 16, 8, 1)])
+def test_store_kv_triton_writes_each_token_to_its_slot(H, D, block_size, T):
+    pytest.importorskip("triton")
+    g = torch.Generator().manual_seed(H * 100 + T)
+    num_blocks = 6
+    k = torch.randn(T, H, D, generator=g)
+    v = torch.randn(T, H, D, generator=g)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:T]
+    if T > 2:
+        slots[1] = -1  # a padding token: nothing written
+    k_cache = torch.full((num_blocks, block_size, H, D), float("nan"))
+    v_cache = torch.full((num_blocks, block_size, H, D), float("nan"))
+    want_k, want_v = _store_ref(k, v, k_cache, v_cache, slots)
+    store_kv_triton(k, v, k_cache, v_cache, slots)
+    torch.testing.assert_close(k_cache, want_k, equal_nan=True,
+                               msg=lambda m: "k_cache row slot_mapping[t] must hold k[t]; other rows untouched\n" + m)
+    torch.testing.assert_close(v_cache, want_v, equal_nan=True)
+
+
+def test_store_kv_triton_reads_strided_rows():
+    pytest.importorskip("triton")
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(4, 3 * 2, 16, generator=g)  # a fused projection: k is a strided view of it
+    k, v = qkv[:, 2:4], qkv[:, 4:6]
+    slots = torch.tensor([9, 0, 31, 17])
+    k_cache = torch.zeros(4, 8, 2, 16)
+    v_cache = torch.zeros(4, 8, 2, 16)
+    want_k, want_v = _store_ref(k, v, k_cache, v_cache, slots)
+    store_kv_triton(k, v, k_cache, v_cache, slots)
+    torch.testing.assert_close(k_cache, want_k, msg=lambda m: "use k.stride(0) and k.stride(1): rows may be strided\n" + m)
+    torch.testing.assert_close(v_cache, want_v)
 
 
 # ---------------------------------------------------------------- questions
