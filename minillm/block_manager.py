@@ -22,11 +22,32 @@ Two layers, both plain Python (no tensors):
   step is about to write, answers "is there room?" before the scheduler commits, and
   frees a whole table when a request finishes, is aborted or is preempted (or only
   its trailing blocks: ``shrink``, after speculative tokens were rejected).
+
+Prefix caching (chapter 6, ``enable_prefix_caching=True``). A *full* block is named by
+a hash chained from the previous block's hash and its own token ids,
+
+    h_0 = hash((ROOT_HASH, tokens[0:bs])),  h_i = hash((h_{i-1}, tokens[i*bs:(i+1)*bs]))
+
+so two prompts that agree on their first ``i + 1`` blocks agree on ``h_i``, and only
+then (the scheme vLLM uses). The manager keeps ``cached``: hash -> the block holding
+those tokens. A request being admitted looks up its hashes in order and shares the
+longest run of hits (``lookup_prefix`` then ``share_prefix``: reference counts go up);
+it computes only the rest. A full block is registered when the step that writes it is
+scheduled, so a request admitted right behind it in the same step already hits it
+(every row's K/V is written before any row's attention reads, layer by layer).
+
+A freed block that holds a registered hash is not forgotten: with reference count 0 it
+moves to the *evictable* pool (``BlockAllocator.evictable``, least recently used
+first). It still counts as free. An allocation takes never-cached free blocks first and
+evicts from the evictable pool (LRU) only when those run out; eviction drops the hash.
+A hit on an evictable block takes it back out of the pool.
 """
 from __future__ import annotations
 
-from collections import deque
-from typing import Any, Iterable
+from collections import OrderedDict, deque
+from typing import Any, Iterable, Sequence
+
+ROOT_HASH = 0  # the "parent hash" of a prompt's first block (a fixed int: hash(None) varies by run)
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -44,6 +65,42 @@ def slots_for(block_ids: list[int], block_size: int, start: int, end: int) -> li
     The model runner builds each step's slot_mapping tensor with it.
     """
     return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def hash_block_tokens(parent_hash: int, token_ids: Sequence[int]) -> int:
+    """The hash of one full block: chained from its parent block's hash and its own tokens.
+
+    Python's hash of a tuple of ints is the same in every process (only str/bytes hashes
+    are salted), so cached hashes are reproducible.
+    """
+    return hash((parent_hash, tuple(token_ids)))
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, num_blocks: int | None = None) -> list[int]:
+    """The chained hashes of the full blocks of ``token_ids`` (at most ``num_blocks`` of them)."""
+    n = len(token_ids) // block_size if num_blocks is None else min(num_blocks, len(token_ids) // block_size)
+    out, h = [], ROOT_HASH
+    for i in range(n):
+        h = hash_block_tokens(h, token_ids[i * block_size:(i + 1) * block_size])
+        out.append(h)
+    return out
+
+
+def longest_cached_prefix(token_ids: Sequence[int], block_size: int, cached: dict[int, int],
+                          max_blocks: int | None = None) -> list[int]:
+    """Block ids of the longest run of ``token_ids``' full blocks found in ``cached`` (hash -> block).
+
+    The run stops at the first miss: a block further on cannot be used without the K/V
+    of the blocks before it. ``max_blocks`` caps the run (the engine leaves at least the
+    last prompt token to compute, so there are logits to sample from).
+    """
+    hit: list[int] = []
+    for h in block_hashes(token_ids, block_size, max_blocks):
+        b = cached.get(h)
+        if b is None:
+            break
+        hit.append(b)
+    return hit
 
 
 def min_num_blocks(max_model_len: int, block_size: int) -> int:
@@ -92,12 +149,18 @@ def num_blocks_from_budget(*, block_size: int, max_model_len: int, max_num_seqs:
 
 
 class BlockAllocator:
-    """A free list of block ids and a reference count per block.
+    """A free list of block ids and a reference count per block, with an evictable pool.
 
-    Invariant: a block is on the free list exactly when its count is 0. Freed blocks
-    go to the back of the list and allocation takes from the front, so a block just
-    released is the last to be reused: its K/V stays intact the longest, which is what
-    a prefix cache will want.
+    Invariant: a block is free (``free_ids`` or ``evictable``) exactly when its count is 0.
+    Freed blocks go to the back of the list and allocation takes from the front, so a
+    block just released is the last to be reused: its K/V stays intact the longest.
+
+    Prefix caching adds ``evictable``: free blocks that still hold a registered hash
+    (``block_hash[b]`` is not None), least recently freed first. They count as free;
+    ``allocate`` takes them only when ``free_ids`` is empty, evicting (forgetting the
+    hash) the least recently used first. ``cached`` maps hash -> block for every block
+    that holds one, in use or evictable. Without prefix caching nothing is ever hashed,
+    ``evictable`` stays empty and the allocator is the plain free list.
     """
 
     def __init__(self, num_blocks: int):
@@ -106,27 +169,77 @@ class BlockAllocator:
         self.num_blocks = num_blocks
         self.free_ids: deque[int] = deque(range(num_blocks))
         self.ref_counts = [0] * num_blocks
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, count 0, LRU first
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # what a hashed block holds
+        self.cached: dict[int, int] = {}  # hash -> block id
+        self.num_evictions = 0
 
     @property
     def num_free(self) -> int:
-        return len(self.free_ids)
+        return len(self.free_ids) + len(self.evictable)
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self.free_ids)
+        return self.num_blocks - self.num_free
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks holding a registered hash, in use or evictable."""
+        return len(self.cached)
 
     def can_allocate(self, n: int) -> bool:
-        return n <= len(self.free_ids)
+        return n <= self.num_free
 
     def allocate(self, n: int = 1) -> list[int]:
-        """``n`` fresh blocks, each with reference count 1. All or nothing."""
-        if n > len(self.free_ids):
-            raise NoFreeBlocksError(f"asked for {n} blocks but only {len(self.free_ids)} of "
+        """``n`` fresh blocks, each with reference count 1. All or nothing.
+
+        Never-cached free blocks first; then the least recently used evictable ones,
+        whose hashes are forgotten (evicted).
+        """
+        if n > self.num_free:
+            raise NoFreeBlocksError(f"asked for {n} blocks but only {self.num_free} of "
                                     f"{self.num_blocks} are free")
-        ids = [self.free_ids.popleft() for _ in range(n)]
-        for b in ids:
+        ids = []
+        for _ in range(n):
+            if self.free_ids:
+                b = self.free_ids.popleft()
+            else:
+                b = lru_victim(self.evictable)
+                del self.evictable[b]
+                self.forget(b)
+                self.num_evictions += 1
             self.ref_counts[b] = 1
+            ids.append(b)
         return ids
+
+    def register(self, block_id: int, block_hash: int, token_ids: Sequence[int]) -> bool:
+        """Name an allocated, full block by ``block_hash``. False (nothing changes) when
+        another block already holds that hash, or this block already holds one."""
+        if self.ref_counts[block_id] == 0:
+            raise ValueError(f"block {block_id} is free: only an allocated block can be cached")
+        if block_hash in self.cached or self.block_hash[block_id] is not None:
+            return False
+        self.cached[block_hash] = block_id
+        self.block_hash[block_id] = block_hash
+        self.block_tokens[block_id] = tuple(token_ids)
+        return True
+
+    def forget(self, block_id: int) -> None:
+        h = self.block_hash[block_id]
+        if h is not None:
+            del self.cached[h]
+            self.block_hash[block_id] = None
+            self.block_tokens[block_id] = None
+
+    def touch(self, block_id: int) -> None:
+        """One more holder of a cached block, free (evictable) or not: a prefix-cache hit."""
+        self._check_id(block_id)
+        if self.block_hash[block_id] is None:
+            raise ValueError(f"block {block_id} holds no cached prefix")
+        if self.ref_counts[block_id] == 0:
+            del self.evictable[block_id]
+        self.ref_counts[block_id] += 1
 
     def incref(self, block_id: int) -> None:
         """One more holder of an allocated block (it is shared, not copied)."""
@@ -143,25 +256,49 @@ class BlockAllocator:
         return ids
 
     def free(self, block_id: int) -> None:
-        """Drop one holder; the block is free again when nobody holds it."""
+        """Drop one holder; the block is free again when nobody holds it (evictable if cached)."""
         self._check_id(block_id)
         if self.ref_counts[block_id] == 0:
             raise ValueError(f"double free of block {block_id}: it is already free")
         self.ref_counts[block_id] -= 1
         if self.ref_counts[block_id] == 0:
-            self.free_ids.append(block_id)
+            if self.block_hash[block_id] is not None:
+                self.evictable[block_id] = None  # most recently used: evicted last
+            else:
+                self.free_ids.append(block_id)
 
     def _check_id(self, block_id: int) -> None:
         if isinstance(block_id, bool) or not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
             raise ValueError(f"block id must be an integer in [0, {self.num_blocks}), got {block_id!r}")
 
     def check_invariants(self) -> None:
-        """Assert the free list and the counts agree (used by the tests)."""
+        """Assert the free list, the evictable pool, the counts and the cache agree (used by the tests)."""
         free = set(self.free_ids)
         assert len(free) == len(self.free_ids), "a block is on the free list twice"
+        assert not free & set(self.evictable), "a block is both free and evictable"
         for b, c in enumerate(self.ref_counts):
             assert c >= 0, f"block {b} has a negative reference count {c}"
-            assert (c == 0) == (b in free), f"block {b}: count {c} but on free list: {b in free}"
+            assert (c == 0) == (b in free or b in self.evictable), \
+                f"block {b}: count {c} but free: {b in free}, evictable: {b in self.evictable}"
+            if b in self.evictable:
+                assert self.block_hash[b] is not None, f"evictable block {b} holds no hash"
+            if b in free:
+                assert self.block_hash[b] is None, f"free block {b} still holds a hash"
+        assert {h: b for b, h in enumerate(self.block_hash) if h is not None} == self.cached, \
+            "the hash table differs from the blocks' hashes"
+
+
+def lru_victim(evictable: "OrderedDict[int, None]") -> int:
+    """The evictable block to reuse next: the least recently freed (the front of the pool).
+
+    A block freed last is the likeliest to be asked for again (the prompt of a
+    conversation that just finished a turn), so it is evicted last. A request frees its
+    blocks tail first (``BlockManager.free``), so a prompt's first blocks, shared by the
+    most prompts, outlive its tail.
+    """
+    if not evictable:
+        raise NoFreeBlocksError("no evictable block")
+    return next(iter(evictable))
 
 
 class BlockManager:
@@ -176,7 +313,8 @@ class BlockManager:
     preemption a few steps later. Growing a running request ignores it.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0,
+                 enable_prefix_caching: bool = False):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
         if not 0.0 <= watermark < 1.0:
@@ -185,6 +323,9 @@ class BlockManager:
         self.block_size = block_size
         self.watermark_blocks = int(watermark * num_blocks)
         self.tables: dict[Any, list[int]] = {}  # request -> its block_ids (the same list object)
+        self.enable_prefix_caching = enable_prefix_caching
+        self._hashes: dict[Any, list[int]] = {}  # request -> chained hashes of its full blocks so far
+        self._num_registered: dict[Any, int] = {}  # request -> leading blocks already offered to the cache
 
     @property
     def num_blocks(self) -> int:
@@ -198,6 +339,95 @@ class BlockManager:
     def usage(self) -> float:
         """Fraction of blocks in use."""
         return self.allocator.num_used / self.allocator.num_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks that hold a cached prefix (in use or evictable); 0 without prefix caching."""
+        return self.allocator.num_cached
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Free blocks that still hold a cached prefix: reusable by a hit until evicted."""
+        return len(self.allocator.evictable)
+
+    @property
+    def num_evictions(self) -> int:
+        return self.allocator.num_evictions
+
+    # -- prefix caching -------------------------------------------------------------
+    def _request_hashes(self, request: Any, num_blocks: int) -> list[int]:
+        """The chained hashes of ``request``'s first ``num_blocks`` full blocks (extended lazily)."""
+        hashes = self._hashes.setdefault(request, [])
+        tokens, bs = request.all_token_ids, self.block_size
+        while len(hashes) < num_blocks:
+            i = len(hashes)
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else ROOT_HASH, tokens[i * bs:(i + 1) * bs]))
+        return hashes
+
+    def lookup_prefix(self, request: Any) -> list[int]:
+        """Cached blocks for the longest run of ``request``'s leading full blocks (no side effect).
+
+        At most ``(num_tokens - 1) // block_size`` blocks: the last token is always
+        computed, so the step that finishes the prompt has logits to sample from.
+        Empty without prefix caching, or when the request already holds blocks.
+        """
+        if not self.enable_prefix_caching or request.block_ids:
+            return []
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        a, bs, tokens = self.allocator, self.block_size, request.all_token_ids
+        hit, h = [], ROOT_HASH
+        for i in range(max_blocks):
+            block = tuple(tokens[i * bs:(i + 1) * bs])
+            h = hash_block_tokens(h, block)
+            b = a.cached.get(h)
+            # The stored tokens are compared too: a hash collision is a miss, never wrong K/V.
+            if b is None or a.block_tokens[b] != block:
+                break
+            hit.append(b)
+        return hit
+
+    def can_share_prefix(self, request: Any, hit: list[int], num_tokens: int, admit: bool = True) -> bool:
+        """``can_grow`` for a request about to share the cached blocks ``hit``: the hits it
+        takes out of the evictable pool leave the free blocks as surely as new ones."""
+        need = max(blocks_needed(num_tokens, self.block_size) - len(hit), 0)
+        from_pool = sum(1 for b in hit if self.allocator.ref_counts[b] == 0)
+        reserve = self.watermark_blocks if admit and self.tables else 0
+        return need + from_pool + reserve <= self.allocator.num_free
+
+    def share_prefix(self, request: Any, hit: list[int]) -> None:
+        """Start ``request``'s table with the cached blocks ``hit`` (from ``lookup_prefix``)."""
+        if request in self.tables or request.block_ids:
+            raise ValueError(f"request {getattr(request, 'request_id', request)!r} already holds blocks")
+        for b in hit:
+            self.allocator.touch(b)
+        request.block_ids.extend(hit)
+        self.tables[request] = request.block_ids
+        self._num_registered[request] = len(hit)
+
+    def cache_blocks(self, request: Any, num_tokens: int) -> int:
+        """Offer ``request``'s full blocks among its first ``num_tokens`` tokens to the cache.
+
+        Called when a step that writes them is scheduled. A block whose hash another
+        block already holds stays uncached (the K/V is the same; one copy is enough).
+        Returns how many blocks were newly registered.
+        """
+        if not self.enable_prefix_caching:
+            return 0
+        table = self.tables.get(request)
+        if table is None:
+            return 0
+        n = min(num_tokens, request.num_tokens) // self.block_size
+        n = min(n, len(table))
+        start = self._num_registered.get(request, 0)
+        if n <= start:
+            return 0
+        hashes = self._request_hashes(request, n)
+        tokens, bs = request.all_token_ids, self.block_size
+        added = 0
+        for i in range(start, n):
+            added += self.allocator.register(table[i], hashes[i], tokens[i * bs:(i + 1) * bs])
+        self._num_registered[request] = n
+        return added
 
     def blocks_to_grow(self, request: Any, num_tokens: int) -> int:
         """New blocks ``request`` needs so its table covers ``num_tokens`` tokens."""
@@ -241,6 +471,8 @@ class BlockManager:
         for b in reversed(table):
             self.allocator.free(b)
         table.clear()
+        self._hashes.pop(request, None)
+        self._num_registered.pop(request, None)
 
     def shrink(self, request: Any, num_tokens: int) -> list[int]:
         """Free the trailing blocks of ``request`` beyond those that cover ``num_tokens`` tokens.
@@ -259,6 +491,8 @@ class BlockManager:
         keep = blocks_needed(num_tokens, self.block_size)
         freed = table[keep:]
         del table[keep:]  # in place: request.block_ids is the same list object
+        if request in self._num_registered:
+            self._num_registered[request] = min(self._num_registered[request], len(table))
         for b in reversed(freed):
             self.allocator.free(b)
         return freed
@@ -278,3 +512,4 @@ class BlockManager:
             for b in table:
                 counts[b] += 1
         assert counts == self.allocator.ref_counts, "reference counts differ from the block tables"
+        assert set(self._num_registered) <= set(self.tables), "cache bookkeeping of a request without blocks"

@@ -55,6 +55,62 @@ class ModelConfig:
 
 
 ENGINES = ("simple", "static", "continuous", "paged")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+# Priority classes (chapter 6): a lower level is served first. An integer priority is a
+# level of its own; 0, 1, 2 are these classes.
+PRIORITY_CLASSES = {"interactive": 0, "standard": 1, "batch": 2}
+# How long a request of each class may wait in the queue before the priority scheduler
+# admits it next, preempting a lower class if it must (seconds).
+DEFAULT_QUEUE_TIMEOUTS = {"interactive": 0.05, "standard": 0.2, "batch": 1.0}
+
+
+def priority_level(priority: Any) -> int:
+    """The level of a priority: a class name's, or the integer itself. ValueError otherwise."""
+    if isinstance(priority, str):
+        if priority not in PRIORITY_CLASSES:
+            raise ValueError(f"unknown priority class {priority!r}; valid classes: {', '.join(PRIORITY_CLASSES)} "
+                             "(or an integer level: lower is served first)")
+        return PRIORITY_CLASSES[priority]
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be one of {', '.join(PRIORITY_CLASSES)} or an integer level, "
+                         f"got {priority!r}")
+    return priority
+
+
+def priority_class(priority: Any) -> str:
+    """The class name of a priority, for per-class metrics: 0/1/2 are named, other levels are str(level)."""
+    level = priority_level(priority)
+    for name, lv in PRIORITY_CLASSES.items():
+        if lv == level:
+            return name
+    return str(level)
+
+
+def check_queue_timeouts(timeouts: Any) -> dict[str, float]:
+    """The per-class queue timeouts, defaults filled in; ValueError on an unknown class or a bad value."""
+    if timeouts is None:
+        return dict(DEFAULT_QUEUE_TIMEOUTS)
+    if not isinstance(timeouts, dict):
+        raise ValueError(f"queue_timeouts must be a dict of class -> seconds, e.g. {DEFAULT_QUEUE_TIMEOUTS}, "
+                         f"got {timeouts!r}")
+    out = dict(DEFAULT_QUEUE_TIMEOUTS)
+    for name, value in timeouts.items():
+        if name not in PRIORITY_CLASSES:
+            raise ValueError(f"queue_timeouts: unknown priority class {name!r}; valid classes: "
+                             f"{', '.join(PRIORITY_CLASSES)}")
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value
+                or value < 0):
+            raise ValueError(f"queue_timeouts[{name!r}] must be a number of seconds >= 0 "
+                             f"(math.inf: never times out), got {value!r}")
+        out[name] = float(value)
+    return out
+
+
+def queue_timeout(timeouts: dict[str, float], level: int) -> float:
+    """The queue timeout of a level: its class's; levels above batch take batch's, below interactive
+    take interactive's."""
+    name = priority_class(min(max(level, 0), 2))
+    return timeouts[name]
 SPEC_METHODS = ("ngram", "model")
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -155,8 +211,25 @@ class EngineConfig:
     speculative: dict | SpeculativeConfig | None = None  # validated into a SpeculativeConfig
     seed: int = 0
     cuda_graphs: bool = False  # replay captured CUDA graphs for pure-decode steps (CUDA + Triton backend)
+    enable_prefix_caching: bool = False  # paged: share the K/V blocks of equal prompt prefixes (chapter 6)
+    scheduling_policy: str = "fcfs"  # paged: "fcfs" or "priority" (classes, queue timeouts; chapter 6)
+    queue_timeouts: dict | None = None  # class -> seconds; None = DEFAULT_QUEUE_TIMEOUTS
 
     def __post_init__(self) -> None:
+        self._check()
+        self.queue_timeouts = check_queue_timeouts(self.queue_timeouts)
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"unknown scheduling_policy {self.scheduling_policy!r}; valid policies: "
+                             f"{', '.join(SCHEDULING_POLICIES)}")
+        if self.engine != "paged":
+            if self.enable_prefix_caching:
+                raise ValueError(f"enable_prefix_caching shares KV blocks of the paged engine: pass engine='paged', "
+                                 f"not {self.engine!r}")
+            if self.scheduling_policy != "fcfs":
+                raise ValueError(f"scheduling_policy={self.scheduling_policy!r} is a policy of the paged scheduler "
+                                 f"(it preempts by recompute): pass engine='paged', not {self.engine!r}")
+
+    def _check(self) -> None:
         check_bool_fields(self)
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; valid engines: {', '.join(ENGINES)}")
@@ -312,6 +385,7 @@ def _positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
-__all__ = ["ModelConfig", "EngineConfig", "SpeculativeConfig", "ResolvedConfig", "resolve", "ENGINES", "ATTENTION_BACKENDS", "DTYPES",
+__all__ = ["SCHEDULING_POLICIES", "PRIORITY_CLASSES", "DEFAULT_QUEUE_TIMEOUTS", "priority_level", "priority_class",
+           "check_queue_timeouts", "queue_timeout", "ModelConfig", "EngineConfig", "SpeculativeConfig", "ResolvedConfig", "resolve", "ENGINES", "ATTENTION_BACKENDS", "DTYPES",
            "SPEC_METHODS", "MAX_SPECULATIVE_TOKENS", "SEED_LIMIT", "ENGINE_SEED_LIMIT", "check_bool_fields",
            "check_seed"]

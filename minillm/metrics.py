@@ -30,6 +30,13 @@ class StepRecord:
     kv_reserved_bytes: int = 0  # KV memory held by requests after the step
     kv_used_bytes: int = 0  # ... of which holds real tokens
     held_ids: list[str] = field(default_factory=list)  # hold a slot without running (static)
+    # Prefix caching (chapter 6): the K/V tokens this step's admissions needed and how many
+    # the cache held; blocks holding a cached prefix after the step, and of those the free
+    # (evictable) ones.
+    prefill_tokens_requested: int = 0
+    prefix_hit_tokens: int = 0
+    num_cached_blocks: int = 0
+    num_evictable_blocks: int = 0
 
     @property
     def duration(self) -> float:
@@ -90,6 +97,7 @@ def record_step(step: int, start: float, end: float, out: Any, num_sampled: int,
     slots, padded, idle = slot_accounting(new, scheduler.max_num_seqs, out.padded_width)
     holders = list(scheduler.kv_holders)
     reserved, used = kv_usage(holders, block_size, kv_bytes_per_token)
+    bm = getattr(scheduler, "block_manager", None)
     running_ids = {row.request.request_id for row in rows}
     ctx = [row.request.num_computed_tokens for row in rows]  # after update: this step's tokens included
     return StepRecord(
@@ -99,6 +107,10 @@ def record_step(step: int, start: float, end: float, out: Any, num_sampled: int,
         context_tokens=sum(ctx), max_context=max(ctx, default=0),
         kv_reserved_bytes=reserved, kv_used_bytes=used,
         held_ids=[r.request_id for r in holders if r.request_id not in running_ids and r.is_finished],
+        prefill_tokens_requested=getattr(out, "prefill_tokens_requested", 0),
+        prefix_hit_tokens=getattr(out, "prefix_hit_tokens", 0),
+        num_cached_blocks=getattr(bm, "num_cached_blocks", 0),
+        num_evictable_blocks=getattr(bm, "num_evictable_blocks", 0),
     )
 
 

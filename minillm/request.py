@@ -42,6 +42,13 @@ class RequestMetrics:
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
     num_preemptions: int = 0
+    priority_class: str = "standard"  # SamplingParams.priority's class name, for per-class metrics
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at the first admission
+
+    @property
+    def queue_wait(self) -> float | None:
+        """Arrival -> first scheduled: time spent waiting in the queue."""
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 
     @property
     def ttft(self) -> float | None:
@@ -85,7 +92,13 @@ class Request:
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
-        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time,
+                                      priority_class=getattr(self.sampling_params, "priority_class", "standard"))
+
+    @property
+    def priority(self) -> int:
+        """The priority level (lower is served first): ``sampling_params.priority``'s."""
+        return getattr(self.sampling_params, "priority_level", 1)
 
     @property
     def all_token_ids(self) -> list[int]:

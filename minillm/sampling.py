@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from .config import SEED_LIMIT, check_bool_fields, check_seed
+from .config import SEED_LIMIT, check_bool_fields, check_seed, priority_class, priority_level
 
 _EPS_TEMPERATURE = 1e-5  # below this a temperature is treated as greedy
 
@@ -31,6 +31,9 @@ class SamplingParams:
     stop token, stays at the end of the output text (default: cut off).
     ``seed``: an integer in [0, 2**64), the range of ``torch.Generator.manual_seed``
     (negative seeds are rejected: torch reads -1 as 2**64 - 1, so two seeds would alias).
+    ``priority``: the request's class, "interactive", "standard" (default) or "batch", or
+    an integer level (lower is served first; 0, 1, 2 are those classes). Only the
+    ``scheduling_policy="priority"`` engine orders by it; every engine reports per class.
     """
 
     temperature: float = 1.0
@@ -42,9 +45,11 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    priority: str | int = "standard"
 
     def __post_init__(self) -> None:
         check_bool_fields(self)
+        priority_level(self.priority)  # ValueError naming the valid classes
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {t!r}")
@@ -76,6 +81,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < _EPS_TEMPERATURE
+
+    @property
+    def priority_level(self) -> int:
+        return priority_level(self.priority)
+
+    @property
+    def priority_class(self) -> str:
+        return priority_class(self.priority)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -55,6 +55,19 @@ tokens_per_target_forward, target_forwards, draft_forwards. Run the same command
 
     python -m minillm bench --engine paged --workload grounded --num-requests 9 --max-num-seqs 1 \\
         --speculative ngram --num-speculative-tokens 4
+
+Many users (paged engine only, chapter 6): ``--enable-prefix-caching`` shares the KV
+blocks of equal prompt prefixes; every result reports prefill_tokens_requested,
+prefix_hit_tokens, prefill_tokens_computed, prefix_hit_rate and cached_blocks_peak.
+``--scheduling-policy priority`` admits by class (interactive > standard > batch) with
+per-class queue timeouts (``--queue-timeout interactive=0.05``, repeatable); every
+result has ``per_class``: TTFT and queue-wait percentiles, timeouts_hit and
+slo_attainment per class (a table is printed when the workload has several classes).
+Both targets of the chapter, side by side in one command:
+
+    python -m minillm.lab.many_users
+    python -m minillm bench --engine paged --workload shared-prefix --num-requests 32 --enable-prefix-caching
+    python -m minillm bench --engine paged --workload mixed-priority --num-requests 24 --scheduling-policy priority
 """
 from __future__ import annotations
 
@@ -66,7 +79,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from minillm.config import ATTENTION_BACKENDS, ENGINES, EngineConfig
-from minillm.lab.summary import RunResult, format_table, summarize
+from minillm.lab.summary import RunResult, format_class_table, format_table, summarize
 from minillm.lab.workload import WORKLOADS, Workload, make_workload
 
 
@@ -183,6 +196,13 @@ def check_chunked_prefill(engines: Sequence[str], enable_chunked_prefill: bool) 
                          f"(got {', '.join(engines)})")
 
 
+def check_paged_only(engines: Sequence[str], flag: str, on: bool) -> None:
+    """A paged-engine option (``flag``) given with an engine list that has another engine in it."""
+    if on and any(name != "paged" for name in engines):
+        raise ValueError(f"{flag} is an option of the paged engine: run it with --engine paged "
+                         f"(got {', '.join(engines)})")
+
+
 def check_speculative(engines: Sequence[str], speculative: dict | None) -> None:
     """Validate the speculative option before any weight loads (it applies to the paged engine)."""
     if speculative is None:
@@ -213,10 +233,13 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                   on_result: Callable[[RunResult], None] | None = None,
                   block_size: int = 16, num_blocks: int | None = None,
                   attention_backend: str | None = None, enable_chunked_prefill: bool = False,
-                  speculative: dict | None = None) -> list[RunResult]:
+                  speculative: dict | None = None, enable_prefix_caching: bool = False,
+                  scheduling_policy: str = "fcfs", queue_timeouts: dict | None = None) -> list[RunResult]:
     """Run ``engines`` one after the other on ``workload`` in this process.
 
-    ``speculative`` (the ``LLM(speculative=...)`` dict) applies to the paged engine."""
+    ``speculative`` (the ``LLM(speculative=...)`` dict), ``enable_prefix_caching`` and
+    ``scheduling_policy`` apply to the paged engine; ``queue_timeouts`` to every minillm
+    engine's per-class report."""
     from minillm import loader
 
     check_settings(max_num_seqs, max_num_batched_tokens, max_model_len, None)
@@ -224,6 +247,8 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
     engines = parse_engines(",".join(engines))
     check_chunked_prefill(engines, enable_chunked_prefill)
     check_speculative(engines, speculative)
+    check_paged_only(engines, "--enable-prefix-caching", enable_prefix_caching)
+    check_paged_only(engines, "--scheduling-policy priority", scheduling_policy != "fcfs")
     from minillm.config import ModelConfig
 
     # Resolve every engine's configuration now: a bad option fails before any weight loads.
@@ -232,6 +257,9 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                                   max_model_len=L, dummy_weights=dummy_weights,
                                   enable_chunked_prefill=enable_chunked_prefill and name == "paged",
                                   speculative=speculative if name == "paged" else None,
+                                  enable_prefix_caching=enable_prefix_caching and name == "paged",
+                                  scheduling_policy=scheduling_policy if name == "paged" else "fcfs",
+                                  queue_timeouts=queue_timeouts,
                                   **paged_options(name, block_size, num_blocks, attention_backend))
                for name in MINILLM_ENGINES}
     mcfg = ModelConfig()
@@ -273,6 +301,10 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                                                      progress=progress)
         res.extra.update(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=L,
                          enable_chunked_prefill=enable_chunked_prefill)
+        if name in configs:
+            cfg = configs[name]
+            res.extra.update(enable_prefix_caching=cfg.enable_prefix_caching,
+                             scheduling_policy=cfg.scheduling_policy, queue_timeouts=dict(cfg.queue_timeouts))
         results.append(res)
         if on_result:
             on_result(res)
@@ -325,6 +357,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--draft-layers", default="0-7", help="layers of the model drafter (default 0-7)")
     s.add_argument("--spec-disable-by-batch-size", type=int, default=4,
                    help="speculate only while fewer requests run (default 4; 0 = always)")
+    c = p.add_argument_group("many users (paged engine, chapter 6)")
+    c.add_argument("--enable-prefix-caching", action="store_true",
+                   help="share the KV blocks of equal prompt prefixes (hash-chained full blocks, LRU eviction)")
+    c.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
+                   help="fcfs (default) or priority: classes interactive > standard > batch, queue timeouts")
+    c.add_argument("--queue-timeout", action="append", default=[], metavar="CLASS=SECONDS",
+                   help="queue timeout of a priority class, e.g. interactive=0.05 (repeatable; "
+                        "defaults 0.05 / 0.2 / 1.0 s)")
     return p
 
 
@@ -355,6 +395,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.speculative == "model":
                 speculative["draft_layers"] = parse_layers(args.draft_layers)
         check_speculative(engines, speculative)
+        check_paged_only(engines, "--enable-prefix-caching", args.enable_prefix_caching)
+        check_paged_only(engines, "--scheduling-policy priority", args.scheduling_policy != "fcfs")
+        timeouts = {}
+        for kv in args.queue_timeout:
+            if "=" not in kv:
+                raise ValueError(f"--queue-timeout wants CLASS=SECONDS, e.g. interactive=0.05, got {kv!r}")
+            k, v = kv.split("=", 1)
+            try:
+                timeouts[k.strip()] = float(v)
+            except ValueError:
+                raise ValueError(f"--queue-timeout {kv}: {v!r} is not a number of seconds") from None
+        from minillm.config import check_queue_timeouts
+        timeouts = check_queue_timeouts(timeouts)
         params = {}
         for kv in args.workload_param:
             if "=" not in kv:
@@ -393,7 +446,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 progress=not args.no_progress, on_result=report,
                                 block_size=args.block_size, num_blocks=args.num_blocks,
                                 attention_backend=args.attention_backend,
-                                enable_chunked_prefill=args.enable_chunked_prefill, speculative=speculative)
+                                enable_chunked_prefill=args.enable_chunked_prefill, speculative=speculative,
+                                enable_prefix_caching=args.enable_prefix_caching,
+                                scheduling_policy=args.scheduling_policy, queue_timeouts=timeouts)
     except ValueError as e:
         parser.error(str(e))
     for s, frac in zip(summaries, same_tokens(results)):
@@ -402,6 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for s in summaries:
         s["torch_threads"] = torch.get_num_threads()
     print(format_table(summaries))
+    if any(len(s["per_class"]) > 1 for s in summaries):
+        print(format_class_table(summaries))
     if args.json:
         payload = summaries[0] if len(summaries) == 1 else {s["engine"]: s for s in summaries}
         with open(args.json, "w") as f:

@@ -50,6 +50,23 @@ each step weighted by its duration (steps that reserve nothing are left out).
 
 (each of them holds its KV). For the same KV bytes, the paged engine's is higher: it
 reserves what requests use, not what they might.
+
+Prefix caching (chapter 6). Each admission needs K/V for every token the request has
+(its prompt; prompt + outputs when it recomputes after a preemption): those are the
+*prefill tokens requested*. The prefix cache already holds some of them (*hits*, whole
+blocks); the rest are computed.
+
+    prefix_hit_rate          = hit tokens / prefill tokens requested
+    prefill_tokens_computed  = prefill tokens requested - hit tokens
+
+``cached_blocks_over_time`` gives, per step, the blocks holding a cached prefix and how
+many of them are free (evictable).
+
+Per priority class (``class_metrics``): TTFT and queue wait (arrival -> first
+scheduled) percentiles, *timeouts hit* (requests that waited longer than their class's
+queue timeout) and *SLO attainment*: the share of the class's requests that met their
+SLO, by default a queue wait within the class's queue timeout; give ``ttft_slo_s``
+(class -> seconds) to judge TTFT instead.
 """
 from __future__ import annotations
 
@@ -57,6 +74,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from minillm.config import DEFAULT_QUEUE_TIMEOUTS, PRIORITY_CLASSES, queue_timeout
 from minillm.metrics import StepRecord
 from minillm.request import RequestMetrics
 
@@ -109,6 +127,59 @@ def max_concurrency(steps: Iterable[StepRecord]) -> int:
     """The most requests running at once: the peak over steps of ``num_running`` (the
     requests in the running set after the step, each holding its KV space)."""
     return max((s.num_running for s in steps), default=0)
+
+
+def prefix_cache_stats(steps: Iterable[StepRecord]) -> dict[str, Any]:
+    """Prefill tokens requested, hit in the prefix cache and computed; hit rate; peak cached blocks."""
+    steps = list(steps)
+    requested = sum(s.prefill_tokens_requested for s in steps)
+    hits = sum(s.prefix_hit_tokens for s in steps)
+    return dict(prefill_tokens_requested=requested, prefix_hit_tokens=hits,
+                prefill_tokens_computed=requested - hits,
+                prefix_hit_rate=hits / requested if requested else None,
+                cached_blocks_peak=max((s.num_cached_blocks for s in steps), default=0))
+
+
+def cached_blocks_over_time(steps: Sequence[StepRecord], start: float | None = None
+                            ) -> tuple[list[float], list[int], list[int]]:
+    """(time since ``start`` of each step's end, cached blocks, of which evictable) per step."""
+    t0 = steps[0].start if start is None and steps else (start or 0.0)
+    return ([s.end - t0 for s in steps], [s.num_cached_blocks for s in steps],
+            [s.num_evictable_blocks for s in steps])
+
+
+def _class_order(name: str) -> tuple:
+    return (PRIORITY_CLASSES.get(name, int(name) if name.lstrip("-").isdigit() else 99), name)
+
+
+def class_metrics(metrics: Sequence[RequestMetrics], queue_timeouts: dict[str, float] | None = None,
+                  ttft_slo_s: dict[str, float] | None = None) -> dict[str, dict[str, Any]]:
+    """Per priority class: count, TTFT and queue-wait percentiles, timeouts hit, SLO attainment.
+
+    ``queue_timeouts``: class -> seconds (default: the engine defaults, 50 / 200 / 1000 ms).
+    SLO attainment is the share of the class's requests whose queue wait stayed within
+    the class's timeout, or, with ``ttft_slo_s``, whose TTFT stayed within that.
+    """
+    timeouts = {**DEFAULT_QUEUE_TIMEOUTS, **(queue_timeouts or {})}
+    groups: dict[str, list[RequestMetrics]] = {}
+    for m in metrics:
+        groups.setdefault(m.priority_class, []).append(m)
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted(groups, key=_class_order):
+        ms = groups[name]
+        level = PRIORITY_CLASSES.get(name, int(name) if name.lstrip("-").isdigit() else 1)
+        limit = queue_timeout(timeouts, level)
+        waits = [m.queue_wait for m in ms if m.queue_wait is not None]
+        hit = sum(1 for w in waits if w > limit)
+        if ttft_slo_s is not None and name in ttft_slo_s:
+            met = sum(1 for m in ms if m.ttft is not None and m.ttft <= ttft_slo_s[name])
+        else:
+            met = sum(1 for w in waits if w <= limit)
+        out[name] = dict(num_requests=len(ms), ttft_s=percentiles(ttfts(ms)), queue_wait_s=percentiles(waits),
+                         e2e_s=percentiles(e2es(ms)), queue_timeout_s=limit, timeouts_hit=hit,
+                         slo_attainment=met / len(ms) if ms else None,
+                         output_tokens=sum(len(m.token_times) for m in ms))
+    return out
 
 
 @dataclass
@@ -197,6 +268,9 @@ def summarize(result: RunResult, **context: Any) -> dict[str, Any]:
         # Chunked prefill (chapter 4): the largest step, and steps that left a decode waiting
         max_step_tokens=max((s.num_tokens for s in steps), default=0),
         decode_stall_steps=decode_stall_steps(steps, result.metrics),
+        # Chapter 6: the prefix cache, and latency per priority class
+        **prefix_cache_stats(steps),
+        per_class=class_metrics(result.metrics, result.extra.get("queue_timeouts")),
     )
     out.update(result.extra)
     return out
@@ -222,6 +296,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         ("KV waste", "kv_waste_fraction", "{:.3f}"),
         ("max run", "max_concurrency", "{}"),
         ("preempt", "preemptions", "{}"),
+        ("hit rate", "prefix_hit_rate", "{:.3f}"),
+        ("prefill tok", "prefill_tokens_computed", "{}"),
     ]
 
     def cell(row, key, fmt):
@@ -240,6 +316,22 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_class_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Per-class latency of several runs: one line per (run, class) from ``summarize``'s per_class."""
+    head = f"{'run':>14s} {'class':>12s} {'n':>4s} {'TTFT p50':>9s} {'p95':>7s} {'p99':>7s} {'wait p95':>9s} " \
+           f"{'timeouts':>8s} {'SLO':>5s}"
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        label = row.get("label") or f"{row['engine']}/{row.get('scheduling_policy', 'fcfs')}"
+        for name, c in row["per_class"].items():
+            t, w = c["ttft_s"], c["queue_wait_s"]
+            f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+            lines.append(f"{label:>14s} {name:>12s} {c['num_requests']:4d} {f(t['p50']):>9s} {f(t['p95']):>7s} "
+                         f"{f(t['p99']):>7s} {f(w['p95']):>9s} {c['timeouts_hit']:8d} {c['slo_attainment']:5.2f}")
+    return "\n".join(lines)
+
+
 __all__ = ["RunResult", "percentiles",
            "slot_utilization", "summarize", "format_table", "ttfts", "tpots", "e2es", "itls",
-           "kv_waste_fraction", "max_concurrency", "decode_stall_steps"]
+           "kv_waste_fraction", "max_concurrency", "decode_stall_steps", "prefix_cache_stats",
+           "cached_blocks_over_time", "class_metrics", "format_class_table"]

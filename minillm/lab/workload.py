@@ -24,6 +24,23 @@ Length mixes (``WORKLOADS``):
               new tokens: where prompt lookup drafts well (chapter 5).
     open      chat requests for free generation (a story, an explanation), ``output_len`` (64).
 
+Many users (chapter 6):
+
+    shared-prefix   every request starts with the same ~``system_len`` (512) token system
+                    prompt, then a short question of its own (numbered, so no two are
+                    equal), ``output_len`` (16) new tokens: what a prefix cache reuses.
+    multi-turn      conversations of ``turns`` (4) turns; each turn resends the whole
+                    history (system prompt, earlier questions and answers) plus a new
+                    question. Turn k of every conversation comes before turn k + 1; with
+                    ``turn_gap_s`` > 0 turn k arrives at (k - 1) * turn_gap_s.
+    mixed-priority  interactive chat over a background of long batch jobs: a share
+                    ``batch_fraction`` (0.25) of the requests are "batch" (~``batch_prompt``
+                    384-token prompts, ``batch_output`` 96 new tokens), all queued at t=0
+                    (or Poisson at ``batch_rate``); the rest are "interactive" (~``chat_prompt``
+                    48 tokens, ``chat_output`` 16 new tokens) arriving Poisson at
+                    ``interactive_rate`` (4) requests/s. Each request carries its class
+                    (``WorkloadRequest.priority``).
+
 Arrivals: ``offline`` (everything at t=0: a batch job) or ``poisson`` at ``rate``
 requests per second (exponential gaps: independent users).
 """
@@ -77,10 +94,11 @@ class WorkloadRequest:
     prompt_token_ids: list[int]
     max_tokens: int
     arrival_time: float  # seconds after the start of the run
+    priority: str | int = "standard"  # the request's class (mixed-priority); SamplingParams.priority
 
     def sampling_params(self) -> SamplingParams:
         """Greedy, exactly ``max_tokens`` new tokens: identical work in every engine."""
-        return SamplingParams(temperature=0.0, max_tokens=self.max_tokens, ignore_eos=True)
+        return SamplingParams(temperature=0.0, max_tokens=self.max_tokens, ignore_eos=True, priority=self.priority)
 
     @property
     def max_total_tokens(self) -> int:
@@ -184,8 +202,70 @@ def _open_lengths(rng: random.Random, n: int, output_len: int = 64):
     return [40] * n, [output_len] * n
 
 
+@dataclass(slots=True)
+class Plan:
+    """Prompts made of named parts: equal names are equal token ids (a shared system prompt,
+    the history of a conversation). A part is (name, kind, nominal length); ``kind`` says
+    how ``make_workload`` writes it with a tokenizer: "system" and "answer" are passage
+    text of exactly that length, "question" a numbered question (its own length),
+    "unique" a prompt of its own as the other workloads make them."""
+
+    parts: list[list[tuple[str, str, int]]]
+    output_lens: list[int]
+    times: list[float] | None = None  # scripted arrivals (None: offline, or the caller's Poisson)
+    priorities: list[str] | None = None
+
+
+def _shared_prefix(rng: random.Random, n: int, system_len: int = 512, question_len: int = 12,
+                   output_len: int = 16):
+    parts = [[("system", "system", system_len), (f"q{i}", "question", question_len)] for i in range(n)]
+    return Plan(parts, [output_len] * n)
+
+
+def _multi_turn(rng: random.Random, n: int, turns: int = 4, system_len: int = 64, question_len: int = 16,
+                answer_len: int = 48, output_len: int = 24, turn_gap_s: float = 0.0):
+    convs = -(-n // turns)
+    parts, times = [], []
+    for k in range(turns):  # turn-major: every conversation's turn k before any turn k + 1
+        for c in range(convs):
+            if len(parts) == n:
+                break
+            history = [("system", "system", system_len)]
+            for j in range(k):
+                history += [(f"c{c}q{j}", "question", question_len), (f"c{c}a{j}", "answer", answer_len)]
+            parts.append(history + [(f"c{c}q{k}", "question", question_len)])
+            times.append(k * turn_gap_s)
+    return Plan(parts, [output_len] * n, times if turn_gap_s else None)
+
+
+def _mixed_priority(rng: random.Random, n: int, batch_fraction: float = 0.25, chat_prompt: int = 48,
+                    chat_output: int = 16, batch_prompt: int = 384, batch_output: int = 96,
+                    interactive_rate: float = 4.0, batch_rate: float = 0.0):
+    if not 0 <= batch_fraction <= 1:
+        raise ValueError(f"workload 'mixed-priority': batch_fraction must be in [0, 1], got {batch_fraction!r}")
+    if interactive_rate <= 0:
+        raise ValueError("workload 'mixed-priority': interactive_rate must be > 0 requests per second")
+    num_batch = round(n * batch_fraction)
+    classes = ["batch"] * num_batch + ["interactive"] * (n - num_batch)
+    jitter = lambda base, frac: max(1, base + rng.randint(-int(base * frac), int(base * frac)))  # noqa: E731
+    t_batch = t_chat = 0.0
+    items = []
+    for i, cls in enumerate(classes):
+        if cls == "batch":
+            length, out, t = jitter(batch_prompt, 0.1), jitter(batch_output, 0.1), t_batch
+            t_batch += rng.expovariate(batch_rate) if batch_rate > 0 else 0.0
+        else:
+            t_chat += rng.expovariate(interactive_rate)  # the first chat arrives after the background started
+            length, out, t = jitter(chat_prompt, 0.25), jitter(chat_output, 0.25), t_chat
+        items.append((t, i, cls, length, out))
+    items.sort()
+    return Plan([[(f"u{i}", "unique", length)] for _, i, _, length, _ in items], [o for *_, o in items],
+                [t for t, *_ in items], [c for _, _, c, _, _ in items])
+
+
 WORKLOADS = {"uniform": _uniform_lengths, "skewed": _skewed_lengths, "chat": _chat_lengths,
-             "long-prompt-arrival": _long_prompt_arrival, "grounded": _grounded_lengths, "open": _open_lengths}
+             "long-prompt-arrival": _long_prompt_arrival, "grounded": _grounded_lengths, "open": _open_lengths,
+             "shared-prefix": _shared_prefix, "multi-turn": _multi_turn, "mixed-priority": _mixed_priority}
 CHAT_TASK_WORKLOADS = ("grounded", "open")  # prompts are chat tasks, not passage + question
 
 
@@ -224,6 +304,12 @@ WORKLOAD_PARAMS: dict[str, dict[str, ParamRule]] = {
                             "arrival_gap_s": _SECONDS},
     "grounded": {"output_len": _TOKENS},
     "open": {"output_len": _TOKENS},
+    "shared-prefix": {"system_len": _TOKENS, "question_len": _TOKENS, "output_len": _TOKENS},
+    "multi-turn": {"turns": _COUNT, "system_len": _TOKENS, "question_len": _TOKENS, "answer_len": _TOKENS,
+                   "output_len": _TOKENS, "turn_gap_s": _SECONDS},
+    "mixed-priority": {"batch_fraction": ParamRule(float, 0), "chat_prompt": _TOKENS, "chat_output": _TOKENS,
+                       "batch_prompt": _TOKENS, "batch_output": _TOKENS,
+                       "interactive_rate": ParamRule(float, 0, strict=True), "batch_rate": _SECONDS},
 }
 
 
@@ -258,6 +344,34 @@ def _prompt_ids(tokenizer, rng: random.Random, length: int, vocab_size: int) -> 
     return context + question
 
 
+def _part_ids(tokenizer, name: str, kind: str, length: int, seed: int, vocab_size: int) -> list[int]:
+    """The token ids of one named prompt part (the same for every prompt that names it)."""
+    rng = random.Random(f"part:{seed}:{name}")
+    if tokenizer is None:
+        return [rng.randrange(16, vocab_size) for _ in range(length)]
+    if kind == "question":
+        num = int(name.rsplit("q", 1)[-1]) + 1  # q3 -> question 4 (of a conversation, or of the run)
+        return _encode(tokenizer, f"\n\nQuestion {num}: {rng.choice(PROMPTS)}\nAnswer:")
+    if kind == "unique":
+        return _prompt_ids(tokenizer, rng, length, vocab_size)
+    passage = _encode(tokenizer, ("You are a helpful assistant. " if kind == "system" else "") + PASSAGE)
+    start = 0 if kind == "system" else rng.randrange(len(passage))
+    return (passage[start:] + passage * (length // len(passage) + 1))[:length]
+
+
+def _plan_requests(plan: Plan, tokenizer, seed: int, vocab_size: int) -> list[list[int]]:
+    cache: dict[str, list[int]] = {}
+    prompts = []
+    for parts in plan.parts:
+        ids: list[int] = []
+        for name, kind, length in parts:
+            if name not in cache:
+                cache[name] = _part_ids(tokenizer, name, kind, length, seed, vocab_size)
+            ids += cache[name]
+        prompts.append(ids)
+    return prompts
+
+
 def make_workload(name: str, num_requests: int, seed: int = 0, tokenizer=None, *, arrival: str = "offline",
                   rate: float | None = None, vocab_size: int = 49152, **params: Any) -> Workload:
     """Build workload ``name`` (see ``WORKLOADS``) of ``num_requests`` requests.
@@ -280,10 +394,12 @@ def make_workload(name: str, num_requests: int, seed: int = 0, tokenizer=None, *
         arrival = "poisson"  # a rate given means the caller wants arrivals spread out
     check_workload_params(name, params)
     try:
-        prompt_lens, output_lens, *scripted = WORKLOADS[name](random.Random(f"{name}:{seed}:lengths"),
-                                                              num_requests, **params)
+        made = WORKLOADS[name](random.Random(f"{name}:{seed}:lengths"), num_requests, **params)
     except TypeError as e:
         raise ValueError(f"bad parameter for workload {name!r}: {e}") from None
+    if isinstance(made, Plan):  # prompts made of shared parts (chapter 6)
+        return _workload_from_plan(name, seed, made, tokenizer, arrival, rate, vocab_size, params)
+    prompt_lens, output_lens, *scripted = made
     if scripted and arrival == "poisson":
         raise ValueError(f"workload {name!r} brings its own arrival times: give no request rate")
     if min(prompt_lens) < 1 or min(output_lens) < 1:
@@ -307,6 +423,26 @@ def make_workload(name: str, num_requests: int, seed: int = 0, tokenizer=None, *
     return Workload(name, seed, arrival, rate if arrival == "poisson" else None, reqs, dict(params))
 
 
+def _workload_from_plan(name: str, seed: int, plan: Plan, tokenizer, arrival: str, rate: float | None,
+                        vocab_size: int, params: dict[str, Any]) -> Workload:
+    n = len(plan.parts)
+    if plan.times is not None and arrival == "poisson":
+        raise ValueError(f"workload {name!r} with these parameters brings its own arrival times: give no request rate")
+    prompts = _plan_requests(plan, tokenizer, seed, vocab_size)
+    times = [0.0] * n
+    if plan.times is not None:
+        times, arrival = list(plan.times), "scripted"
+    elif arrival == "poisson":
+        arng, t = random.Random(f"{name}:{seed}:arrivals"), 0.0
+        for i in range(n):
+            times[i] = t
+            t += arng.expovariate(rate)
+    classes = plan.priorities or ["standard"] * n
+    reqs = [WorkloadRequest(str(i), p, o, a, c)
+            for i, (p, o, a, c) in enumerate(zip(prompts, plan.output_lens, times, classes))]
+    return Workload(name, seed, arrival, rate if arrival == "poisson" else None, reqs, dict(params))
+
+
 def workload_from_lengths(prompt_lens: Sequence[int], output_lens: Sequence[int], tokenizer=None, seed: int = 0,
                           arrival_times: Sequence[float] | None = None, vocab_size: int = 49152) -> Workload:
     """A hand-made workload: one request per (prompt length, output length) pair."""
@@ -319,5 +455,5 @@ def workload_from_lengths(prompt_lens: Sequence[int], output_lens: Sequence[int]
     return Workload("custom", seed, "offline" if not any(times) else "custom", None, reqs)
 
 
-__all__ = ["Workload", "WorkloadRequest", "WORKLOADS", "WORKLOAD_PARAMS", "ARRIVALS", "PROMPTS", "make_workload",
+__all__ = ["Plan", "Workload", "WorkloadRequest", "WORKLOADS", "WORKLOAD_PARAMS", "ARRIVALS", "PROMPTS", "make_workload",
            "workload_from_lengths", "check_workload_params"]

@@ -21,7 +21,9 @@ def build_scheduler(config: EngineConfig, resolved: ResolvedConfig, eos_token_id
         return PagedScheduler(rc.max_num_seqs, rc.max_num_batched_tokens, rc.max_model_len, eos_token_id,
                               rc.num_blocks, rc.block_size, watermark=config.watermark,
                               enable_chunked_prefill=config.enable_chunked_prefill,
-                              speculative=config.speculative)
+                              speculative=config.speculative,
+                              enable_prefix_caching=config.enable_prefix_caching,
+                              scheduling_policy=config.scheduling_policy, queue_timeouts=config.queue_timeouts)
     return SCHEDULERS[config.engine](rc.max_num_seqs, rc.max_num_batched_tokens, rc.max_model_len, eos_token_id)
 
 

@@ -46,6 +46,14 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def num_waiting_by_class(self) -> dict[str, int]:
+        """Queue depth per priority class (class name -> waiting requests), e.g. for a dashboard."""
+        counts: dict[str, int] = {}
+        for r in self.waiting:
+            c = r.metrics.priority_class
+            counts[c] = counts.get(c, 0) + 1
+        return counts
+
     def arrived(self, request: Request, now: float) -> bool:
         return request.arrival_time <= now
 
@@ -75,8 +83,13 @@ class Scheduler:
         return self.add_row(request, num_new_tokens, out)
 
     def add_row(self, request: Request, num_new_tokens: int, out: SchedulerOutput) -> ScheduledRequest:
-        """Give ``request`` a row of ``num_new_tokens`` tokens, growing its blocks to cover them."""
+        """Give ``request`` a row of ``num_new_tokens`` tokens, growing its blocks to cover them.
+
+        With prefix caching, the full blocks this row completes are registered now: the
+        forward writes them before anyone reads them, so a request admitted later in this
+        same step may already share them."""
         self.block_manager.grow(request, request.num_computed_tokens + num_new_tokens)
+        self.block_manager.cache_blocks(request, request.num_computed_tokens + num_new_tokens)
         row = ScheduledRequest(request, num_new_tokens)
         out.rows.append(row)
         return row

@@ -46,6 +46,11 @@ class SchedulerOutput:
     rows: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     padded_width: int | None = None  # static batching: the padded batch is [max_num_seqs, padded_width]
+    # Prefix caching (chapter 6), for the admissions of this step: the tokens the admitted
+    # requests needed K/V for (prompt, or prompt + outputs when recomputing after a
+    # preemption), and how many of them the prefix cache already held.
+    prefill_tokens_requested: int = 0
+    prefix_hit_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:

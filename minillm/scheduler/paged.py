@@ -48,22 +48,37 @@ anyone drafts; ``update`` gives back those of rejected drafts (``rollback``).
 
 The continuous scheduler (chapter 2) has a third policy: decodes plus whole admitted
 prompts in one forward, never chunked. Only this scheduler has the on/off switch.
+
+Chapter 6 adds two options:
+
+* ``enable_prefix_caching``: a request being admitted first shares the longest run of
+  its prompt's full blocks that the cache holds (``BlockManager.lookup_prefix``), starts
+  with ``num_computed_tokens`` past them, and feeds only the rest. A preempted request's
+  blocks stay cached while free, so its recompute is mostly hits.
+* ``scheduling_policy="priority"``: waiting requests are admitted by class, a request
+  past its class's queue timeout first, preempting the lowest-class running request if
+  it must (``scheduler/priority.py``); decodes and prompt chunks are also planned by
+  class, and memory pressure preempts the lowest class first. ``"fcfs"`` (the default)
+  is everything above, unchanged.
 """
 from __future__ import annotations
 
 from ..block_manager import blocks_needed, min_num_blocks
-from ..config import SpeculativeConfig
+from ..config import SCHEDULING_POLICIES, SpeculativeConfig, check_queue_timeouts, queue_timeout
 from ..request import Request, RequestStatus
 from ..spec import policy
+from . import priority as prio
 from .base import Scheduler, SchedulerOutput
 
 
 class PagedScheduler(Scheduler):
-    """FCFS continuous batching; KV space in blocks of ``block_size`` tokens from a shared pool."""
+    """Continuous batching (FCFS or by priority); KV space in blocks of ``block_size`` tokens from a shared pool."""
 
     def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  eos_token_id: int, num_blocks: int, block_size: int, watermark: float = 0.0,
-                 enable_chunked_prefill: bool = False, speculative: SpeculativeConfig | None = None):
+                 enable_chunked_prefill: bool = False, speculative: SpeculativeConfig | None = None,
+                 enable_prefix_caching: bool = False, scheduling_policy: str = "fcfs",
+                 queue_timeouts: dict | None = None):
         need = min_num_blocks(max_model_len, block_size)
         if num_blocks < need:  # else a lone request could outgrow the cache: no progress, ever
             raise ValueError(f"num_blocks={num_blocks} cannot hold one request of max_model_len={max_model_len} "
@@ -73,6 +88,23 @@ class PagedScheduler(Scheduler):
         self.enable_chunked_prefill = enable_chunked_prefill
         self.speculative = speculative
         self.overcommitted = False  # a preemption happened: admit nobody until a request finishes
+        if scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"unknown scheduling_policy {scheduling_policy!r}; valid policies: "
+                             f"{', '.join(SCHEDULING_POLICIES)}")
+        self.scheduling_policy = scheduling_policy
+        self.queue_timeouts = check_queue_timeouts(queue_timeouts)
+        self.block_manager.enable_prefix_caching = enable_prefix_caching
+        # Run totals of the admissions (per step: SchedulerOutput): K/V tokens needed, found cached.
+        self.prefill_tokens_requested = 0
+        self.prefix_hit_tokens = 0
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return self.block_manager.enable_prefix_caching
+
+    def timeout_of(self, level: int) -> float:
+        """The queue timeout (seconds) of priority ``level``."""
+        return queue_timeout(self.queue_timeouts, level)
 
     def check_fits(self, num_prompt_tokens: int) -> None:
         # The prompt plus the first sampled token must fit the whole cache, or the
@@ -124,9 +156,14 @@ class PagedScheduler(Scheduler):
         ``r`` was the newest and has just preempted itself.
         """
         while not self.block_manager.can_grow(r, num_tokens):
-            victim = self.running[-1]
-            if any(row.request is victim for row in out.rows):
-                return False
+            if self.scheduling_policy == "priority":  # the lowest class without a row, newest first
+                victim = prio.pick_victim(self.running, exclude=[row.request for row in out.rows])
+                if victim is None:
+                    return False
+            else:
+                victim = self.running[-1]
+                if any(row.request is victim for row in out.rows):
+                    return False
             self.preempt(victim)
             out.preempted.append(victim)
             if victim is r:
@@ -135,6 +172,8 @@ class PagedScheduler(Scheduler):
 
     def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
         """One token for every running request that is decoding, oldest first. Returns the budget left."""
+        if self.scheduling_policy == "priority":
+            return self._schedule_decodes_by_class(out, budget)
         scheduled = {row.request for row in out.rows}
         i = 0
         while i < len(self.running) and budget > 0:
@@ -157,6 +196,9 @@ class PagedScheduler(Scheduler):
         next chunk. Then waiting requests are admitted, whole or (chunked prefill, or a
         recompute longer than the budget) in a chunk.
         """
+        if self.scheduling_policy == "priority":
+            budget = self._schedule_chunks_by_class(out, budget)
+            return self._admit_by_priority(out, budget)
         scheduled = {row.request for row in out.rows}
         i = 0
         while i < len(self.running) and budget > 0:
@@ -182,15 +224,106 @@ class PagedScheduler(Scheduler):
         now = self.clock()
         while not (self.overcommitted and self.running) and budget > 0 and self.waiting and self.arrived(self.waiting[0], now):
             r = self.waiting[0]
-            left = r.num_tokens - r.num_computed_tokens
-            # A resumed request may have to recompute more tokens than the whole budget
-            # (its prompt fit, prompt + outputs need not): it is fed in chunks, or it
-            # could never run again.
-            may_chunk = self.enable_chunked_prefill or left > self.max_num_batched_tokens
-            n = left if left <= budget else (budget if may_chunk else 0)
-            if n == 0 or not self.can_admit(r, n):
+            hit = self.block_manager.lookup_prefix(r)  # [] without prefix caching
+            n = self._admission_tokens(r, hit, budget)
+            if n == 0 or not self._can_admit(r, n, hit):
                 break  # FCFS: the head waits for a roomier step, nobody jumps the queue
-            self.admit(r, n, out, now)
+            self._admit(r, hit, n, out, now)
+            budget -= n
+        return budget
+
+    # -- admission, with the prefix cache -----------------------------------------
+    def _admission_tokens(self, r: Request, hit: list[int], budget: int) -> int:
+        """Tokens ``r`` feeds if admitted now, after the ``hit`` blocks it finds cached (0: it cannot start)."""
+        left = r.num_tokens - r.num_computed_tokens - len(hit) * self.block_size
+        # A resumed request may have to recompute more tokens than the whole budget
+        # (its prompt fit, prompt + outputs need not): it is fed in chunks, or it
+        # could never run again.
+        may_chunk = self.enable_chunked_prefill or left > self.max_num_batched_tokens
+        return left if left <= budget else (budget if may_chunk else 0)
+
+    def _can_admit(self, r: Request, n: int, hit: list[int]) -> bool:
+        if not hit:
+            return self.can_admit(r, n)
+        return (len(self.kv_holders) < self.max_num_seqs and
+                self.block_manager.can_share_prefix(r, hit, len(hit) * self.block_size + n))
+
+    def _admit(self, r: Request, hit: list[int], n: int, out: SchedulerOutput, now: float) -> None:
+        """Admit the head of the queue: share its cached prefix blocks, then a row of ``n`` tokens."""
+        cached = len(hit) * self.block_size
+        if hit:
+            self.block_manager.share_prefix(r, hit)
+            r.num_computed_tokens = cached
+        out.prefill_tokens_requested += r.num_tokens
+        out.prefix_hit_tokens += cached
+        self.prefill_tokens_requested += r.num_tokens
+        self.prefix_hit_tokens += cached
+        if r.metrics.first_scheduled_time is None:
+            r.metrics.num_cached_tokens = cached
+        self.admit(r, n, out, now)
+
+    # -- the priority policy (scheduler/priority.py) ---------------------------------
+    def _by_class(self) -> list[Request]:
+        """The running requests, highest class first, admission order within a class."""
+        return sorted(self.running, key=lambda r: r.priority)
+
+    def _schedule_decodes_by_class(self, out: SchedulerOutput, budget: int) -> int:
+        scheduled = {row.request for row in out.rows}
+        for r in self._by_class():
+            if budget <= 0:
+                break
+            if r.status is not RequestStatus.RUNNING or r in scheduled or r.is_prefill:
+                continue  # preempted above to make room, or not decoding
+            if self._make_room(r, r.num_computed_tokens + 1, out):
+                self.add_row(r, 1, out)
+                budget -= 1
+        return budget
+
+    def _schedule_chunks_by_class(self, out: SchedulerOutput, budget: int) -> int:
+        scheduled = {row.request for row in out.rows}
+        for r in self._by_class():
+            if budget <= 0:
+                break
+            if r.status is not RequestStatus.RUNNING or r in scheduled or not r.is_prefill:
+                continue
+            n = min(r.num_tokens - r.num_computed_tokens, budget)
+            if not self._make_room(r, r.num_computed_tokens + n, out):
+                if r.status is not RequestStatus.RUNNING:
+                    continue
+                room = (len(r.block_ids) + self.block_manager.num_free_blocks) * self.block_size
+                n = max(min(n, room - r.num_computed_tokens), 0)
+            if n:
+                self.add_row(r, n, out)
+                budget -= n
+        return budget
+
+    def _admit_by_priority(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit by class; a request past its queue timeout first, preempting a lower class if it must."""
+        now = self.clock()
+        while budget > 0 and self.waiting:
+            order = prio.admission_order(self.waiting, now, self.timeout_of)
+            if not order:
+                break  # nobody has arrived yet
+            r = order[0]
+            timed_out = prio.is_timed_out(r, now, self.timeout_of)
+            if self.overcommitted and self.running and not timed_out:
+                break  # memory is short: only a request past its timeout may push in
+            hit = self.block_manager.lookup_prefix(r)
+            n = self._admission_tokens(r, hit, budget)
+            while n and timed_out and not self._can_admit(r, n, hit):
+                victim = prio.pick_victim(self.running, below_level=r.priority,
+                                          exclude=[row.request for row in out.rows])
+                if victim is None:
+                    break
+                self.preempt(victim)
+                out.preempted.append(victim)
+                hit = self.block_manager.lookup_prefix(r)  # the victim's blocks may now be cached hits
+                n = self._admission_tokens(r, hit, budget)
+            if n == 0 or not self._can_admit(r, n, hit):
+                break  # the request picked waits for room; nobody behind it jumps ahead
+            self.waiting.remove(r)
+            self.waiting.appendleft(r)  # admission takes the head of the queue
+            self._admit(r, hit, n, out, now)
             budget -= n
         return budget
 
