@@ -313,13 +313,21 @@ BAD = [
     ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, "role"),
     ("chat/completions", {"messages": [{"role": "user", "content": 7}]}, "messages"),
     ("chat/completions", {"messages": CHAT, "n": 3}, "n"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
+     "messages"),
+    ("completions", '{"prompt": "hi", "temperature": 1e999}', "temperature"),
+    ("completions", {"prompt": "hi", "top_k": 0}, "top_k"),
+    ("completions", {"prompt": "hi", "stop": [""]}, "stop"),
+    ("completions", {"prompt": "hi", "seed": 2**70}, "seed"),
+    ("completions", {"prompt": [[]]}, "empty"),
+    ("completions", b'{"prompt": "\xff\xfe"}', "invalid_json"),
 ]
 
 
 @slow
 @pytest.mark.parametrize("route, body, mention", BAD, ids=[f"{i}-{b[0]}" for i, b in enumerate(BAD)])
 def test_bad_request_is_a_400_with_an_openai_error_body(server, route, body, mention):
-    content = body if isinstance(body, str) else json.dumps(body)
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
     r = httpx.post(f"{server.url}/v1/{route}", content=content, headers={"content-type": "application/json"},
                    timeout=60)
     assert r.status_code == 400, r.text
@@ -333,7 +341,7 @@ def test_bad_request_is_a_400_with_an_openai_error_body(server, route, body, men
 @slow
 def test_the_server_keeps_serving_after_bad_requests(server, client):
     for route, body, _ in BAD:
-        httpx.post(f"{server.url}/v1/{route}", content=body if isinstance(body, str) else json.dumps(body),
+        httpx.post(f"{server.url}/v1/{route}", content=body if isinstance(body, (str, bytes)) else json.dumps(body),
                    timeout=60)
     r = client.completions.create(model=MODEL, prompt=SHORT[0], max_tokens=3, temperature=0)
     assert r.usage.completion_tokens == 3
@@ -431,6 +439,49 @@ def test_metrics_show_requests_in_flight(server):
         time.sleep(0.02)
     t.join()
     assert seen is not None and seen[("minillm_kv_cache_blocks_used", ())] >= 1
+
+
+@slow
+def test_an_engine_failure_is_an_error_body_not_a_traceback(llm):
+    """A step that raises (a bug): streams end with an error event, later requests get a JSON
+    503, /health turns 503. A tiny model with SmolLM2's tokenizer (loaded already) keeps it cheap."""
+    from minillm import EngineConfig, ModelConfig
+    from minillm.engine import build_engine
+    from minillm.serving.async_llm import AsyncLLM
+    from minillm.serving.server import serve_in_background
+
+    tiny = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32)
+    engine = build_engine(EngineConfig(engine="paged", device="cpu", dtype="float32", max_model_len=128),
+                          model_config=tiny)
+
+    def broken_step():
+        raise RuntimeError("a bug in a step")
+
+    engine.step = broken_step
+    served = AsyncLLM(engine)
+    try:
+        with serve_in_background(async_llm=served) as h:
+            body = {"prompt": "Hello", "max_tokens": 4, "stream": True}
+            with httpx.stream("POST", h.url + "/v1/completions", json=body, timeout=60) as r:
+                assert r.status_code == 200
+                events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+            assert json.loads(events[0])["error"]["type"] == "internal_error" and events[-1] == "[DONE]"
+            r = httpx.post(h.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 4}, timeout=60)
+            assert r.status_code == 503 and r.json()["error"]["type"] == "internal_error"
+            assert "Traceback" not in r.text and "a bug in a step" not in r.text
+            assert httpx.get(h.url + "/health", timeout=10).status_code == 503
+    finally:
+        served.shutdown()
+    assert not engine.scheduler.running and not engine.scheduler.waiting  # the failed request was aborted
+
+
+def test_async_llm_from_config_rejects_unknown_options():
+    from minillm.serving.async_llm import AsyncLLM
+
+    with pytest.raises(ValueError, match="valid options"):
+        AsyncLLM.from_config(max_batch=4)
+    with pytest.raises(ValueError, match="LLMEngine"):
+        AsyncLLM(object())
 
 
 # -- the command line (no model load) -------------------------------------------------------------

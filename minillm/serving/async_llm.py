@@ -329,11 +329,14 @@ class AsyncLLM:
             raise ValueError(f"request_id {stream.request_id!r} is already in flight: give a unique id")
         if messages is not None:
             prompt = chat_prompt_ids(engine.tokenizer, messages)
+        text = None
         if callable(params):
-            _, ids = engine.tokenize(prompt)  # the factory needs the prompt's length
-            params = params(len(ids))
+            text, prompt = engine.tokenize(prompt)  # the factory needs the prompt's length; tokenize once
+            params = params(len(prompt))
         kwargs = {"priority": priority} if priority is not None else {}
         req = engine.make_request(prompt, params, arrival_time=arrival, request_id=stream.request_id, **kwargs)
+        if text is not None:
+            req.prompt = text
         engine.scheduler.add(req)
         stream.request = req
         self._streams[stream.request_id] = stream

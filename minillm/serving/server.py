@@ -360,6 +360,9 @@ def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME):
             return reject(str(e), e.param, e.code)
         except ValueError as e:  # SamplingParams or the engine said no: the message names the field
             return reject(str(e), code="invalid_request")
+        except RuntimeError as e:  # the engine loop has stopped (shut down, or a step failed)
+            logger.error("rejected a request: %s", e)
+            return reject("the engine is not running", code="engine_unavailable", status=503)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if body.stream:
             return _SSEResponse(_sse(stream, rid, chat, include_usage), media_type="text/event-stream",
@@ -408,6 +411,10 @@ def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME):
                 final = out
             if include_usage and final is not None:
                 yield chunk([], usage=_usage(final.num_prompt_tokens, final.num_output_tokens))
+            yield "data: [DONE]\n\n"
+        except Exception as e:  # the engine failed mid-stream: the headers (200) are gone, so say it in the stream
+            logger.exception("request %s failed mid-stream", rid)
+            yield f"data: {json.dumps(error_body(f'internal server error ({type(e).__name__})', 'internal_error'))}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             stream.abort()  # the client went away (or we are done): free its blocks now
