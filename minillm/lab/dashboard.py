@@ -1,0 +1,741 @@
+"""A live dashboard: what a serving engine is doing, redrawn while it runs.
+
+    dash = Dashboard(EngineSource(engine))              # in-process: the engine's own state
+    dash = Dashboard(MetricsSource(url + "/metrics"))   # a server, through its Prometheus text
+    with dash:                                          # a background thread samples and redraws
+        run_the_load()
+    dash.figure()                                       # the whole run as a static chart
+
+Eight panels: offered vs served load (requests/s), output tokens/s, TTFT and ITL
+p50/p95/p99 over a sliding window, batch size and queue depth (per priority class when
+the scheduler has classes), KV blocks used (and cached, with prefix caching),
+preemptions, and the acceptance rate of speculative decoding.
+
+Why it does not slow the engine down. The sampler reads a few counters and the new
+tokens of live requests (microseconds). Drawing is the expensive part: on a small CPU
+one full matplotlib draw of eight panels takes a few hundred milliseconds, all of it
+holding the GIL the engine's thread needs between its torch calls. So the panel is
+drawn the way animations are (*blitting*): axes, ticks and labels are drawn once into a
+background image; each frame restores that image, draws only the lines, and encodes a
+JPEG (a few ms). Axes grow by doubling, and such a full redraw is allowed at most every
+``full_redraw_every`` seconds (lines are clipped meanwhile). The latest numbers go in
+an HTML line next to the image, which the browser renders. ``measure_overhead`` checks
+the cost: engine throughput with and without a dashboard attached, alternating.
+
+Headless (no display, nbval, a script), everything still runs: frames are drawn and
+kept in ``last_frame`` (JPEG bytes); only the widget is not shown.
+"""
+from __future__ import annotations
+
+import io
+import math
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from minillm.lab.summary import percentiles
+
+QUANTILES = (50, 95, 99)
+
+
+@dataclass(slots=True)
+class Sample:
+    """One observation of a serving system. Counters are cumulative; latencies are the
+    p50/p95/p99 (seconds) of what was observed in the source's window (None: nothing yet)."""
+
+    t: float  # seconds since the source started
+    arrived: int  # requests offered so far
+    finished: int  # requests completed (or aborted) so far
+    output_tokens: int  # tokens generated so far
+    running: int
+    waiting: int  # arrived, not running yet
+    batch_size: int  # rows of the latest step
+    kv_blocks_used: int | None = None
+    kv_blocks_cached: int | None = None
+    kv_blocks_total: int | None = None
+    preemptions: int = 0
+    spec_drafts: int | None = None  # drafted tokens sent to verification (None: no speculation)
+    spec_accepted: int | None = None
+    waiting_by_class: dict[str, int] = field(default_factory=dict)
+    ttft: dict[str, float | None] = field(default_factory=dict)
+    itl: dict[str, float | None] = field(default_factory=dict)
+
+
+class _Window:
+    """(time, value) observations of the last ``seconds``; percentiles over them."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.items: deque[tuple[float, float]] = deque()
+
+    def add(self, t: float, value: float) -> None:
+        self.items.append((t, value))
+
+    def quantiles(self, now: float) -> dict[str, float | None]:
+        while self.items and self.items[0][0] < now - self.seconds:
+            self.items.popleft()
+        return percentiles([v for _, v in self.items], QUANTILES)
+
+
+def _check_window(window_s: float) -> None:
+    if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not window_s > 0:
+        raise ValueError(f"window_s must be a number of seconds > 0, got {window_s!r}")
+
+
+# -- sources ------------------------------------------------------------------------------
+
+class EngineSource:
+    """Samples an ``LLMEngine`` in this process, from any thread, without touching it.
+
+    Requests are found in the scheduler's queues at each poll (``track`` adds them
+    explicitly: a request that arrives and finishes between two polls is otherwise
+    missed). A finished request is read one last time, then forgotten (its counts stay).
+    Reads are plain attribute reads: safe under the GIL while the engine steps elsewhere.
+    """
+
+    def __init__(self, engine: Any, window_s: float = 10.0, clock: Callable[[], float] = time.perf_counter):
+        _check_window(window_s)
+        self.engine = engine
+        self.clock = clock
+        self.t0 = clock()
+        self.live: dict[int, Any] = {}  # id(request) -> request, not finished when last seen
+        self.seen_tokens: dict[int, int] = {}  # id(request) -> token_times already read
+        self.done_count = self.done_tokens = 0
+        self.ttft, self.itl = _Window(window_s), _Window(window_s)
+
+    def track(self, requests: Iterable[Any]) -> None:
+        for r in requests:
+            if id(r) not in self.live:
+                self.live[id(r)] = r
+                self.seen_tokens[id(r)] = 0
+
+    def _discover(self) -> None:
+        s = self.engine.scheduler
+        for queue in (s.waiting, s.running):
+            try:
+                self.track(list(queue))
+            except RuntimeError:  # mutated while copied: catch them at the next poll
+                pass
+
+    def poll(self) -> Sample:
+        now = self.clock()
+        self._discover()
+        arrived = waiting = running = live_tokens = 0
+        for key, r in list(self.live.items()):
+            m = r.metrics
+            if r.arrival_time > now:
+                continue  # offered later (an in-process run queues future arrivals)
+            times = m.token_times
+            n_seen, n = self.seen_tokens[key], len(times)
+            if n_seen == 0 and n and m.first_token_time is not None:
+                self.ttft.add(m.first_token_time, m.first_token_time - m.arrival_time)
+            for i in range(max(n_seen, 1), n):
+                self.itl.add(times[i], times[i] - times[i - 1])
+            self.seen_tokens[key] = n
+            status = r.status.value
+            if status == "finished":
+                self.done_count += 1
+                self.done_tokens += len(r.output_token_ids)
+                del self.live[key], self.seen_tokens[key]
+                continue
+            arrived += 1
+            live_tokens += len(r.output_token_ids)
+            if status == "running":
+                running += 1
+            else:
+                waiting += 1
+        e, s = self.engine, self.engine.scheduler
+        bm = s.block_manager
+        cached = getattr(bm, "num_cached_blocks", None)
+        by_class = getattr(s, "num_waiting_by_class", None)
+        try:
+            by_class = dict(by_class() if callable(by_class) else by_class or {})
+        except RuntimeError:
+            by_class = {}
+        records = e.step_records
+        last = records[-1] if records else None
+        spec = e.spec_stats
+        return Sample(
+            t=now - self.t0, arrived=arrived + self.done_count, finished=self.done_count,
+            output_tokens=live_tokens + self.done_tokens, running=running, waiting=waiting,
+            batch_size=last.num_rows if last is not None and now - last.end < 1.0 else 0,
+            kv_blocks_used=bm.num_blocks - bm.num_free_blocks,
+            kv_blocks_cached=cached() if callable(cached) else cached, kv_blocks_total=bm.num_blocks,
+            preemptions=s.num_preemptions,
+            spec_drafts=None if spec is None else spec.num_drafts,
+            spec_accepted=None if spec is None else spec.num_accepted,
+            waiting_by_class=by_class, ttft=self.ttft.quantiles(now),
+            itl=self.itl.quantiles(now))
+
+
+# Prometheus metric names the server exports (minillm/serving/server.py); each field is
+# the first of its candidates found, so vLLM's names (``vllm:``) work as well.
+METRIC_NAMES: dict[str, tuple[str, ...]] = {
+    "arrived": ("minillm_requests_received", "vllm:request_received"),  # absent: finished + in flight
+    "finished": ("minillm_request_success", "vllm:request_success"),
+    "output_tokens": ("minillm_generation_tokens", "vllm:generation_tokens"),
+    "running": ("minillm_num_requests_running", "vllm:num_requests_running"),
+    "waiting": ("minillm_num_requests_waiting", "vllm:num_requests_waiting"),
+    "batch_size": ("minillm_batch_size",),  # absent: the running requests
+    "kv_blocks_used": ("minillm_kv_cache_blocks_used",),
+    "kv_blocks_cached": ("minillm_kv_cache_blocks_cached",),
+    "kv_blocks_total": ("minillm_kv_cache_blocks_total",),
+    "preemptions": ("minillm_num_preemptions", "vllm:num_preemptions"),
+    "spec_drafts": ("minillm_spec_decode_num_draft_tokens", "vllm:spec_decode_num_draft_tokens"),
+    "spec_accepted": ("minillm_spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens"),
+    "waiting_by_class": ("minillm_num_requests_waiting_by_class",),
+    "ttft": ("minillm_time_to_first_token_seconds", "vllm:time_to_first_token_seconds"),
+    "itl": ("minillm_inter_token_latency_seconds", "vllm:inter_token_latency_seconds"),
+}
+
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text exposition -> {sample name: [(labels, value), ...]}.
+
+    Uses ``prometheus_client.parser`` when installed, else a small parser of the same
+    format (``name{label="v",...} value`` lines; ``#`` lines are comments)."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:  # pragma: no cover - prometheus_client is a dependency of the server
+        text_string_to_metric_families = None
+    if text_string_to_metric_families is not None:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+        return out
+    for line in text.splitlines():  # pragma: no cover
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name, labels = head, {}
+        if "{" in head:
+            name, rest = head.split("{", 1)
+            for part in rest.rstrip("}").split(","):
+                if "=" in part:
+                    k, v = part.split("=", 1)
+                    labels[k.strip()] = v.strip().strip('"')
+        out.setdefault(name, []).append((labels, float(value)))
+    return out
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """The q-quantile (0..1) of a histogram given as cumulative (upper bound, count) pairs,
+    interpolated linearly inside the bucket, as Prometheus' ``histogram_quantile`` does.
+    None when the histogram is empty. A quantile in the +Inf bucket returns the largest
+    finite bound (the histogram knows no more)."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"q must be in [0, 1], got {q!r}")
+    buckets = sorted(buckets)
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total = buckets[-1][1]
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return prev_bound
+            if count == prev_count:
+                return bound
+            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
+        prev_bound, prev_count = bound, count
+    return prev_bound
+
+
+class MetricsSource:
+    """Samples a server by scraping its ``/metrics`` (Prometheus text format).
+
+    Counters and gauges are read as they are; TTFT and ITL percentiles come from the
+    histograms' growth over the last ``window_s`` seconds (two scrapes apart), so they
+    describe recent requests, not the whole life of the server.
+    """
+
+    def __init__(self, url: str, window_s: float = 10.0, timeout: float = 2.0,
+                 names: dict[str, tuple[str, ...]] | None = None, fetch: Callable[[str], str] | None = None):
+        _check_window(window_s)
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"url must be the http(s) address of a /metrics page, got {url!r}")
+        self.url, self.timeout, self.window_s = url, timeout, window_s
+        self.names = dict(METRIC_NAMES, **(names or {}))
+        self.fetch = fetch or self._get
+        self.t0 = time.perf_counter()
+        self.history: deque[tuple[float, dict[str, list[tuple[float, float]]]]] = deque()
+        self.base: dict[str, float] = {}  # counter values at the first scrape: a dashboard counts from there
+
+    def _get(self, url: str) -> str:
+        host = urllib.parse.urlsplit(url).hostname or ""
+        # A server on this machine is reached directly, never through an http_proxy of the environment.
+        opener = _DIRECT if host in ("127.0.0.1", "localhost", "::1") else urllib.request.build_opener()
+        with opener.open(url, timeout=self.timeout) as resp:
+            return resp.read().decode()
+
+    def _find(self, metrics: dict, field_name: str, suffixes: Sequence[str] = ("", "_total")) -> list | None:
+        for name in self.names.get(field_name, ()):
+            for sfx in suffixes:
+                if name + sfx in metrics:
+                    return metrics[name + sfx]
+        return None
+
+    def _value(self, metrics: dict, field_name: str) -> float | None:
+        rows = self._find(metrics, field_name)
+        return None if rows is None else sum(v for _, v in rows)
+
+    def _buckets(self, metrics: dict, field_name: str) -> list[tuple[float, float]]:
+        rows = self._find(metrics, field_name, ("_bucket",)) or []
+        merged: dict[float, float] = {}
+        for labels, v in rows:
+            le = float(labels.get("le", "inf").replace("+Inf", "inf"))
+            merged[le] = merged.get(le, 0.0) + v
+        return sorted(merged.items())
+
+    def _window_quantiles(self, now: float, key: str, current: list[tuple[float, float]]) -> dict[str, float | None]:
+        old = None
+        for t, hist in self.history:  # the oldest scrape still inside the window
+            if t >= now - self.window_s:
+                old = hist.get(key)
+                break
+        if old:
+            before = dict(old)
+            current = [(b, c - before.get(b, 0.0)) for b, c in current]
+        return {f"p{q}": histogram_quantile(q / 100, current) for q in QUANTILES}
+
+    def poll(self) -> Sample:
+        now = time.perf_counter() - self.t0
+        metrics = parse_metrics(self.fetch(self.url))
+
+        def counter(name: str) -> int:
+            v = self._value(metrics, name)
+            return 0 if v is None else int(round(v - self.base.get(name, 0.0)))
+
+        if not self.history:
+            # The first scrape: counters count from here. A labelled counter (finished, by
+            # reason) appears only at its first event: absent means 0, not "start later".
+            for name in ("arrived", "finished", "output_tokens", "preemptions", "spec_drafts", "spec_accepted"):
+                self.base[name] = self._value(metrics, name) or 0.0
+
+        def gauge(name: str) -> int | None:
+            v = self._value(metrics, name)
+            return None if v is None else int(round(v))
+
+        hists = {k: self._buckets(metrics, k) for k in ("ttft", "itl")}
+        lat = {k: self._window_quantiles(now, k, h) for k, h in hists.items()}
+        self.history.append((now, hists))
+        while self.history and self.history[0][0] < now - 2 * self.window_s:
+            self.history.popleft()
+        by_class = {labels.get("priority_class", labels.get("class", "?")): int(v)
+                    for labels, v in (self._find(metrics, "waiting_by_class") or [])}
+        running, waiting = gauge("running") or 0, gauge("waiting") or 0
+        finished = counter("finished")
+        arrived = counter("arrived") if self._find(metrics, "arrived") is not None else finished + running + waiting
+        spec_drafts = self._value(metrics, "spec_drafts")
+        return Sample(
+            t=now, arrived=max(arrived, finished), finished=finished, output_tokens=counter("output_tokens"),
+            running=running, waiting=waiting,
+            batch_size=gauge("batch_size") if gauge("batch_size") is not None else running,
+            kv_blocks_used=gauge("kv_blocks_used"), kv_blocks_cached=gauge("kv_blocks_cached"),
+            kv_blocks_total=gauge("kv_blocks_total"), preemptions=counter("preemptions"),
+            spec_drafts=None if spec_drafts is None else counter("spec_drafts"),
+            spec_accepted=None if spec_drafts is None else counter("spec_accepted"),
+            waiting_by_class=by_class, ttft=lat["ttft"], itl=lat["itl"])
+
+
+# -- series: what the panels plot ---------------------------------------------------------
+
+def _rate(samples: Sequence[Sample], attr: str, smooth_s: float) -> tuple[list[float], list[float]]:
+    """d(counter)/dt at each sample, over the last ``smooth_s`` seconds (a moving difference)."""
+    xs, ys, j = [], [], 0
+    for i, s in enumerate(samples):
+        while samples[j].t < s.t - smooth_s and j < i:
+            j += 1
+        a = samples[j] if j < i else (samples[i - 1] if i else None)
+        if a is None or s.t <= a.t:
+            continue
+        xs.append(s.t)
+        ys.append((getattr(s, attr) - getattr(a, attr)) / (s.t - a.t))
+    return xs, ys
+
+
+def _acceptance(samples: Sequence[Sample], smooth_s: float) -> tuple[list[float], list[float]]:
+    xs, ys, j = [], [], 0
+    for i, s in enumerate(samples):
+        if s.spec_drafts is None:
+            continue
+        while samples[j].t < s.t - smooth_s and j < i:
+            j += 1
+        a = samples[j]
+        checked = s.spec_drafts - (a.spec_drafts or 0)
+        if checked > 0:
+            xs.append(s.t)
+            ys.append((s.spec_accepted - (a.spec_accepted or 0)) / checked)
+    return xs, ys
+
+
+def series(samples: Sequence[Sample], smooth_s: float = 2.0) -> dict[str, dict[str, tuple[list, list]]]:
+    """Panel -> line -> (x, y): everything the dashboard draws, from the samples alone."""
+    ts = [s.t for s in samples]
+
+    def col(fn):
+        pts = [(s.t, fn(s)) for s in samples]
+        pts = [(t, v) for t, v in pts if v is not None]
+        return [t for t, _ in pts], [v for _, v in pts]
+
+    panels = {
+        "load (req/s)": {"offered": _rate(samples, "arrived", smooth_s), "served": _rate(samples, "finished", smooth_s)},
+        "output tokens/s": {"tok/s": _rate(samples, "output_tokens", smooth_s)},
+        "TTFT (s)": {f"p{q}": col(lambda s, q=q: s.ttft.get(f"p{q}")) for q in QUANTILES},
+        "ITL (s)": {f"p{q}": col(lambda s, q=q: s.itl.get(f"p{q}")) for q in QUANTILES},
+        "batch and queue": {"batch": (ts, [s.batch_size for s in samples]),
+                            "waiting": (ts, [s.waiting for s in samples])},
+        "KV blocks": {"used": col(lambda s: s.kv_blocks_used), "cached": col(lambda s: s.kv_blocks_cached)},
+        "preemptions": {"total": (ts, [s.preemptions for s in samples])},
+        "spec acceptance": {"accepted/drafted": _acceptance(samples, smooth_s)},
+    }
+    classes = sorted({c for s in samples for c in s.waiting_by_class})
+    for c in classes:
+        panels["batch and queue"][f"waiting {c}"] = (ts, [s.waiting_by_class.get(c, 0) for s in samples])
+    return panels
+
+
+PANELS = ("load (req/s)", "output tokens/s", "TTFT (s)", "ITL (s)", "batch and queue", "KV blocks",
+          "preemptions", "spec acceptance")
+MAX_LINES = 5  # lines per panel the live renderer keeps (batch, waiting, three classes)
+
+
+def headline(s: Sample | None) -> str:
+    """The latest numbers as one line of text."""
+    if s is None:
+        return "no sample yet"
+
+    def ms(d, k):
+        v = d.get(k)
+        return "-" if v is None else f"{v * 1000:.0f}"
+
+    kv = "-" if s.kv_blocks_used is None else f"{s.kv_blocks_used}/{s.kv_blocks_total}"
+    if s.kv_blocks_cached is not None:
+        kv += f" ({s.kv_blocks_cached} cached)"
+    acc = ("-" if not s.spec_drafts else f"{s.spec_accepted / s.spec_drafts:.2f}")
+    classes = "".join(f", {c}: {n}" for c, n in sorted(s.waiting_by_class.items()))
+    return (f"t={s.t:.1f}s · offered {s.arrived} / served {s.finished} requests · {s.output_tokens} tokens · "
+            f"batch {s.batch_size}, running {s.running}, waiting {s.waiting}{classes} · "
+            f"TTFT p50/p95/p99 {ms(s.ttft, 'p50')}/{ms(s.ttft, 'p95')}/{ms(s.ttft, 'p99')} ms · "
+            f"ITL {ms(s.itl, 'p50')}/{ms(s.itl, 'p95')}/{ms(s.itl, 'p99')} ms · KV {kv} · "
+            f"preempted {s.preemptions} · spec acceptance {acc}")
+
+
+# -- drawing --------------------------------------------------------------------------------
+
+class LivePanel:
+    """The eight panels, drawn by blitting into an Agg canvas (no pyplot, no display).
+
+    Safe to use from one background thread: it owns its own ``Figure``."""
+
+    def __init__(self, figsize=(11.0, 4.8), dpi: int = 64, full_redraw_every: float = 4.0, x_span: float = 30.0):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self.fig = Figure(figsize=figsize, dpi=dpi)
+        self.canvas = FigureCanvasAgg(self.fig)
+        self.axes = dict(zip(PANELS, self.fig.subplots(2, 4).flat))
+        self.lines: dict[str, list] = {}
+        for name, ax in self.axes.items():
+            ax.set_title(name, fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.locator_params(nbins=4)
+            ax.set_xlim(0, x_span)
+            ax.set_ylim(0, 1.0)
+            self.lines[name] = [ax.plot([], [], lw=1.2, animated=True)[0] for _ in range(MAX_LINES)]
+        for ax in list(self.axes.values())[4:]:
+            ax.set_xlabel("seconds", fontsize=7)
+        self.fig.subplots_adjust(left=0.05, right=0.99, top=0.93, bottom=0.11, wspace=0.28, hspace=0.38)
+        self.full_redraw_every = full_redraw_every
+        self.last_full = -math.inf
+        self.full_redraws = 0
+        self.background = None
+        self._legend_keys: dict[str, tuple] = {}
+
+    def _limits(self, data: dict[str, dict[str, tuple[list, list]]], now: float) -> bool:
+        """Grow any axis that its data outgrew (by doubling). True if a limit changed."""
+        changed = False
+        xmax = max((x[-1] for panel in data.values() for x, _ in panel.values() if x), default=0.0)
+        for name, ax in self.axes.items():
+            x0, x1 = ax.get_xlim()
+            if xmax > x1:
+                x1 = max(2 * x1, 1.5 * xmax)
+                changed = True
+            ax.set_xlim(x0, x1)
+            ymax = max((max(y) for _, y in data[name].values() if y), default=0.0)
+            y0, y1 = ax.get_ylim()
+            if ymax > y1:
+                y1 = max(2 * y1, 1.5 * ymax)
+                changed = True
+            ax.set_ylim(y0, y1)
+            keys = tuple(data[name])[:MAX_LINES]
+            if keys != self._legend_keys.get(name) and len(keys) > 1:
+                self._legend_keys[name] = keys
+                for line, key in zip(self.lines[name], keys):
+                    line.set_label(key)
+                handles = self.lines[name][:len(keys)]
+                ax.legend(handles, keys, fontsize=6, loc="upper left", frameon=False)
+                changed = True
+        return changed
+
+    def draw(self, data: dict[str, dict[str, tuple[list, list]]], now: float, fmt: str = "jpeg") -> bytes:
+        """One frame: a full redraw if an axis must grow (rate-limited), else lines only."""
+        due = self.background is None or now - self.last_full >= self.full_redraw_every
+        if due and (self._limits(data, now) or self.background is None):
+            self.canvas.draw()  # animated lines are left out: the background
+            self.background = self.canvas.copy_from_bbox(self.fig.bbox)
+            self.last_full = now
+            self.full_redraws += 1
+        self.canvas.restore_region(self.background)
+        for name, ax in self.axes.items():
+            for line, (x, y) in zip(self.lines[name], list(data[name].values())[:MAX_LINES]):
+                if len(x) > 400:  # a line never needs more points than the panel has pixels
+                    step = len(x) // 200
+                    x, y = x[::step], y[::step]
+                line.set_data(x, y)
+                ax.draw_artist(line)
+        return self.encode(fmt)
+
+    def encode(self, fmt: str = "jpeg") -> bytes:
+        from PIL import Image
+
+        w, h = self.canvas.get_width_height()
+        img = Image.frombuffer("RGBA", (w, h), self.canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+        buf = io.BytesIO()
+        if fmt == "jpeg":
+            img.convert("RGB").save(buf, format="JPEG", quality=85)
+        else:
+            img.save(buf, format="PNG", compress_level=1)
+        return buf.getvalue()
+
+
+def plot_samples(samples: Sequence[Sample], title: str | None = None, smooth_s: float = 2.0, marks=()):
+    """A static matplotlib figure of a whole run (pyplot: it shows in a notebook).
+
+    ``marks``: (time, label) pairs drawn as vertical lines, e.g. where each rate of a sweep began."""
+    import matplotlib.pyplot as plt
+
+    data = series(samples, smooth_s)
+    fig, axes = plt.subplots(2, 4, figsize=(14, 5.5))
+    for (name, lines), ax in zip(data.items(), axes.flat):
+        for key, (x, y) in lines.items():
+            if x:
+                ax.plot(x, y, lw=1.2, label=key)
+        for t, label in marks:
+            ax.axvline(t, color="gray", lw=0.6, ls=":")
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(labelsize=8)
+        if len(lines) > 1:
+            ax.legend(fontsize=7, frameon=False)
+    for ax in axes[1]:
+        ax.set_xlabel("seconds")
+    if samples and samples[-1].kv_blocks_total:
+        axes[1][1].axhline(samples[-1].kv_blocks_total, color="k", lw=0.6, ls="--")
+    if marks:
+        for t, label in marks:
+            axes[0][0].annotate(label, (t, 0), xytext=(2, 2), textcoords="offset points", fontsize=7,
+                                xycoords=("data", "axes fraction"))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# -- the dashboard -------------------------------------------------------------------------
+
+class Dashboard:
+    """Samples a source and redraws the panel at ``1 / interval`` Hz (default 0.3 s: 3.3 Hz) from a background thread.
+
+    ``display=True`` shows an ipywidgets panel (an image and a line of numbers) when a
+    notebook frontend is there; without one it still samples and draws. Errors in the
+    thread never reach the engine: they are kept in ``errors`` (and drawing goes on).
+    """
+
+    def __init__(self, source: Any, interval: float = 0.3, smooth_s: float = 2.0, display: bool = True,
+                 title: str | None = None, draw: bool = True, panel_options: dict | None = None):
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0.01 <= interval <= 60:
+            raise ValueError(f"interval must be a number of seconds in [0.01, 60] (0.4 redraws 2.5 times a "
+                             f"second), got {interval!r}")
+        if not hasattr(source, "poll"):
+            raise ValueError(f"source must have a poll() method returning a Sample (EngineSource, MetricsSource), "
+                             f"got {type(source).__name__}")
+        self.source, self.interval, self.smooth_s, self.title = source, float(interval), smooth_s, title
+        self.samples: list[Sample] = []
+        self.marks: list[tuple[float, str]] = []
+        self.errors: list[str] = []
+        self.frame_times: list[float] = []  # seconds each frame took (sample + draw + encode)
+        self.frame_at: list[float] = []  # perf_counter when each frame was ready
+        self.cpu_s = 0.0  # CPU seconds the ticks used (their own thread's time: not the engine's)
+        self.last_frame: bytes | None = None
+        self.draw_enabled = draw
+        self.panel = LivePanel(**(panel_options or {})) if draw else None
+        self.widget = self._make_widget() if display else None
+        self._image = self._text = None
+        if self.widget is not None:
+            self._text, self._image = self.widget.children
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _make_widget():
+        try:
+            import ipywidgets as w
+        except ImportError:
+            return None
+        return w.VBox([w.HTML(value="<tt>starting…</tt>"), w.Image(format="jpeg")])
+
+    # -- life cycle ---------------------------------------------------------------
+    def start(self) -> "Dashboard":
+        if self._thread is not None:
+            raise RuntimeError("this dashboard is already running")
+        if self.widget is not None:
+            try:
+                from IPython.display import display
+
+                display(self.widget)
+            except Exception as e:  # no frontend (a script): keep drawing, show nothing
+                self.errors.append(f"display: {type(e).__name__}: {e}")
+        self._stop.clear()
+        self.tick()
+        self._thread = threading.Thread(target=self._loop, name="minillm-dashboard", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> "Dashboard":
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self.tick()  # the final state
+        return self
+
+    def __enter__(self) -> "Dashboard":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def mark(self, label: str) -> None:
+        """A vertical line at the current time in the static figure (e.g. 'rate 2/s')."""
+        t = self.samples[-1].t if self.samples else 0.0
+        self.marks.append((t, label))
+
+    def _loop(self) -> None:
+        # Ticks on a fixed grid (start + k * interval): the rate holds whatever a frame costs,
+        # as long as a frame costs less than the interval.
+        next_at = time.perf_counter() + self.interval
+        while not self._stop.wait(max(0.0, next_at - time.perf_counter())):
+            self.tick(loop=True)
+            next_at += self.interval
+            now = time.perf_counter()
+            if next_at < now:  # behind (a slow full redraw): one frame now, no burst
+                next_at = now
+
+    def tick(self, loop: bool = False) -> None:
+        """Sample once and redraw (the thread calls this with ``loop=True``; start and stop
+        add one frame each, which the redraw rate leaves out)."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        with self._lock:
+            try:
+                self.samples.append(self.source.poll())
+            except Exception as e:  # e.g. the server is not up yet
+                self.errors.append(f"poll: {type(e).__name__}: {e}")
+                return
+            try:
+                if self.draw_enabled:
+                    self.last_frame = self.panel.draw(series(self.samples, self.smooth_s), self.samples[-1].t)
+                if self._image is not None:
+                    self._image.value = self.last_frame or b""
+                    self._text.value = f"<tt style='font-size:11px'>{headline(self.samples[-1])}</tt>"
+            except Exception as e:
+                self.errors.append(f"draw: {type(e).__name__}: {e}")
+            t1 = time.perf_counter()
+            self.cpu_s += time.thread_time() - c0
+            self.frame_times.append(t1 - t0)
+            if loop:
+                self.frame_at.append(t1)
+
+    # -- what it measured ------------------------------------------------------------------
+    @property
+    def redraws(self) -> int:
+        """Frames the background thread drew."""
+        return len(self.frame_at)
+
+    @property
+    def redraw_hz(self) -> float:
+        """Frames per second of the background thread (first to last of its frames)."""
+        t = self.frame_at
+        return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else 0.0
+
+    @property
+    def full_redraws(self) -> int:
+        return self.panel.full_redraws if self.panel is not None else 0
+
+    def figure(self, title: str | None = None):
+        """The whole run as a static pyplot figure."""
+        return plot_samples(self.samples, title or self.title, self.smooth_s, self.marks)
+
+    def summary(self) -> dict[str, Any]:
+        ft = sorted(self.frame_times)
+        return dict(redraws=self.redraws, redraw_hz=self.redraw_hz, full_redraws=self.full_redraws, cpu_s=self.cpu_s,
+                    frame_ms_p50=1000 * ft[len(ft) // 2] if ft else None,
+                    frame_ms_max=1000 * ft[-1] if ft else None, errors=list(self.errors))
+
+
+# -- what it costs ---------------------------------------------------------------------------
+
+def measure_overhead(engine: Any, make_requests: Callable[[Any], list], rounds: int = 3,
+                     interval: float = 0.3, **dashboard_options: Any) -> dict[str, Any]:
+    """Engine throughput with and without a dashboard attached, in one process, alternating.
+
+    ``make_requests(engine)`` returns a fresh list of requests (the same work each call);
+    each run is ``engine.run`` on them, timed, in output tokens per second. Runs go in
+    pairs, A B then B A (without, with; with, without; ...), so a drift of the machine's
+    load hits both sides alike. Returns:
+
+    * ``ratio``: the median over pairs of (with / without) throughput; 1.0 = no cost;
+    * ``cpu_share``: the CPU seconds the dashboard's thread used per second of the runs
+      with it, i.e. the fraction of one core it took (independent of other processes);
+    * ``redraw_hz``: the slowest redraw rate of the runs with it; the raw numbers.
+    """
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    dashboard_options.setdefault("display", False)
+    pairs, dashes, walls = [], [], []
+    for i in range(rounds):
+        tput = {}
+        for with_dash in ((False, True) if i % 2 == 0 else (True, False)):
+            reqs = make_requests(engine)
+            dash = Dashboard(EngineSource(engine), interval=interval, **dashboard_options) if with_dash else None
+            if dash is not None:
+                dash.start()
+            t0 = time.perf_counter()
+            outs = engine.run(reqs)
+            wall = time.perf_counter() - t0
+            if dash is not None:
+                dash.stop()
+                dashes.append(dash.summary())
+                walls.append(wall)
+            tput[with_dash] = sum(len(o.token_ids) for o in outs) / wall
+        pairs.append((tput[False], tput[True]))
+    ratios = sorted(w / wo for wo, w in pairs)
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return dict(ratio=median, ratios=ratios, tok_s_without=[p[0] for p in pairs], tok_s_with=[p[1] for p in pairs],
+                cpu_share=sum(d["cpu_s"] for d in dashes) / sum(walls),
+                redraw_hz=min(d["redraw_hz"] for d in dashes), dashboards=dashes)
+
+
+__all__ = ["Sample", "EngineSource", "MetricsSource", "Dashboard", "LivePanel", "series", "plot_samples",
+           "parse_metrics", "histogram_quantile", "headline", "measure_overhead", "METRIC_NAMES", "PANELS"]
