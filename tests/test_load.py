@@ -179,3 +179,17 @@ def test_command_line_prints_a_table_and_writes_json(server, tmp_path, capsys):
     assert "TTFT p50" in printed and "goodput" in printed
     data = json.loads(out.read_text())
     assert len(data) == 1 and data[0]["summary"]["num_ok"] == 4 and len(data[0]["records"]) == 4
+
+
+@pytest.mark.slow
+def test_workload_prompts_come_as_text_with_their_lengths(server):
+    from minillm.lab.workload import make_workload
+    from minillm.loader import load_tokenizer
+
+    reqs = make_requests(4, prompts="skewed", seed=3)
+    wl = make_workload("skewed", 4, seed=3, tokenizer=load_tokenizer())
+    assert [r.output_tokens for r in reqs] == [w.max_tokens for w in wl.requests]
+    assert all(isinstance(r.prompt, str) and r.prompt for r in reqs)
+    assert [r.output_tokens for r in make_requests(4, 5, prompts="skewed")] == [5] * 4
+    with pytest.raises(ValueError, match="unknown workload"):
+        make_requests(2, prompts="no-such-workload")
