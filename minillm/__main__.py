@@ -63,12 +63,13 @@ def generate(argv: list[str]) -> int:
     return 0
 
 
-USAGE = """usage: python -m minillm {generate,bench,serve,load} ...
+USAGE = """usage: python -m minillm {generate,bench,serve,load,capstone} ...
 
   generate   generate a completion and stream it  (python -m minillm generate --help)
   bench      benchmark engines side by side        (python -m minillm bench --help)
   serve      an OpenAI-compatible HTTP server      (python -m minillm serve --help)
   load       an open-loop load test of a server    (python -m minillm load --help)
+  capstone   your exercise pieces as one engine    (python -m minillm capstone --help)
 """
 
 
@@ -90,13 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "load":
             from minillm.serving.load import main as load_main
             return load_main(rest)
+        if cmd == "capstone":
+            from minillm.lab.capstone import main as capstone_main
+            return capstone_main(rest)
     except (ValueError, FileNotFoundError) as e:
         # Bad input is the user's to fix: one line, no traceback.
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    print(f"error: unknown command {cmd!r}; valid commands: generate, bench, serve, load", file=sys.stderr)
+    print(f"error: unknown command {cmd!r}; valid commands: generate, bench, serve, load, capstone", file=sys.stderr)
     return 2
 
 

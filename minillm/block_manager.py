@@ -47,6 +47,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Any, Iterable, Sequence
 
+from minillm import seams
+
 ROOT_HASH = 0  # the "parent hash" of a prompt's first block (a fixed int: hash(None) varies by run)
 
 
@@ -56,6 +58,9 @@ class NoFreeBlocksError(RuntimeError):
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """Blocks that hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""
+    mine = seams.plugged("blocks_needed")  # a learner's version (chapter 3), when plugged in
+    if mine is not None:
+        return mine(num_tokens, block_size)
     return -(-num_tokens // block_size)
 
 
@@ -64,6 +69,9 @@ def slots_for(block_ids: list[int], block_size: int, start: int, end: int) -> li
 
     The model runner builds each step's slot_mapping tensor with it.
     """
+    mine = seams.plugged("slot_mapping")  # a learner's version (chapter 3), when plugged in
+    if mine is not None:
+        return [int(x) for x in mine(block_ids, block_size, start, end)]
     return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)]
 
 
@@ -200,6 +208,12 @@ class BlockAllocator:
         if n > self.num_free:
             raise NoFreeBlocksError(f"asked for {n} blocks but only {self.num_free} of "
                                     f"{self.num_blocks} are free")
+        mine = seams.plugged("allocate_blocks")  # a learner's free list (chapter 3); no cached blocks
+        if mine is not None and not self.evictable:
+            free = list(self.free_ids)
+            ids = [int(b) for b in mine(free, self.ref_counts, n)]
+            self.free_ids = deque(free)
+            return ids
         ids = []
         for _ in range(n):
             if self.free_ids:
@@ -258,6 +272,12 @@ class BlockAllocator:
     def free(self, block_id: int) -> None:
         """Drop one holder; the block is free again when nobody holds it (evictable if cached)."""
         self._check_id(block_id)
+        mine = seams.plugged("free_blocks")  # a learner's free list (chapter 3); not for cached blocks
+        if mine is not None and self.block_hash[block_id] is None:
+            free = list(self.free_ids)
+            mine(free, self.ref_counts, [block_id])
+            self.free_ids = deque(free)
+            return
         if self.ref_counts[block_id] == 0:
             raise ValueError(f"double free of block {block_id}: it is already free")
         self.ref_counts[block_id] -= 1
@@ -488,9 +508,13 @@ class BlockManager:
                              "of this manager")
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
             raise ValueError(f"num_tokens must be an integer >= 0, got {num_tokens!r}")
-        keep = blocks_needed(num_tokens, self.block_size)
-        freed = table[keep:]
-        del table[keep:]  # in place: request.block_ids is the same list object
+        mine = seams.plugged("rollback_blocks")  # a learner's roll-back (chapter 5), when plugged in
+        if mine is not None:
+            freed = [int(b) for b in mine(table, num_tokens, self.block_size)]  # trims table in place
+        else:
+            keep = blocks_needed(num_tokens, self.block_size)
+            freed = table[keep:]
+            del table[keep:]  # in place: request.block_ids is the same list object
         if request in self._num_registered:
             self._num_registered[request] = min(self._num_registered[request], len(table))
         for b in reversed(freed):

@@ -63,6 +63,7 @@ Chapter 6 adds two options:
 """
 from __future__ import annotations
 
+from .. import seams
 from ..block_manager import blocks_needed, min_num_blocks
 from ..config import SCHEDULING_POLICIES, SpeculativeConfig, check_queue_timeouts, queue_timeout
 from ..request import Request, RequestStatus
@@ -161,7 +162,10 @@ class PagedScheduler(Scheduler):
                 if victim is None:
                     return False
             else:
-                victim = self.running[-1]
+                choose = seams.plugged("choose_victim")  # a learner's choice (chapter 3), when plugged in
+                victim = self.running[-1] if choose is None else choose(list(self.running))
+                if victim not in self.running:
+                    raise ValueError(f"choose_victim returned {victim!r}, which is not a running request")
                 if any(row.request is victim for row in out.rows):
                     return False
             self.preempt(victim)
@@ -200,6 +204,7 @@ class PagedScheduler(Scheduler):
             budget = self._schedule_chunks_by_class(out, budget)
             return self._admit_by_priority(out, budget)
         scheduled = {row.request for row in out.rows}
+        plan = self._planned_chunks(out, budget, scheduled)  # a learner's split_budget (chapter 4), or None
         i = 0
         while i < len(self.running) and budget > 0:
             r = self.running[i]
@@ -207,6 +212,8 @@ class PagedScheduler(Scheduler):
                 i += 1
                 continue
             n = min(r.num_tokens - r.num_computed_tokens, budget)  # already running: always a chunk
+            if plan is not None:
+                n = self._checked_chunk(plan, r, n)
             if not self._make_room(r, r.num_computed_tokens + n, out):
                 if r.status is not RequestStatus.RUNNING:
                     break
@@ -226,11 +233,45 @@ class PagedScheduler(Scheduler):
             r = self.waiting[0]
             hit = self.block_manager.lookup_prefix(r)  # [] without prefix caching
             n = self._admission_tokens(r, hit, budget)
+            if plan is not None:
+                n = self._checked_chunk(plan, r, n)
             if n == 0 or not self._can_admit(r, n, hit):
                 break  # FCFS: the head waits for a roomier step, nobody jumps the queue
             self._admit(r, hit, n, out, now)
             budget -= n
         return budget
+
+    # -- the chunked-prefill budget as a seam (chapter 4's split_budget) ----------
+    def _left(self, r: Request, hit: list[int]) -> int:
+        return r.num_tokens - r.num_computed_tokens - len(hit) * self.block_size
+
+    def _planned_chunks(self, out: SchedulerOutput, budget: int, scheduled) -> dict | None:
+        """With chunked prefill and a plugged ``split_budget``: the chunk it gives each
+        prefill this step (running ones part-way through a prompt, then arrived waiting
+        ones, in order). None: the library's own split runs."""
+        split = seams.plugged("split_budget") if self.enable_chunked_prefill else None
+        if split is None:
+            return None
+        now = self.clock()
+        cands = [r for r in self.running if r not in scheduled and r.is_prefill]
+        for r in self.waiting:
+            if not self.arrived(r, now):
+                break
+            cands.append(r)
+        lefts = [self._left(r, self.block_manager.lookup_prefix(r)) for r in cands]
+        num_decodes = len(out.rows)
+        chunks = list(split(num_decodes, list(lefts), num_decodes + budget))
+        if len(chunks) != len(cands):
+            raise ValueError(f"split_budget returned {len(chunks)} chunk sizes for {len(cands)} prefills")
+        return dict(zip(cands, chunks))
+
+    @staticmethod
+    def _checked_chunk(plan: dict, r: Request, most: int) -> int:
+        n = plan.get(r, 0)
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= most:
+            raise ValueError(f"split_budget gave request {r.request_id} a chunk of {n!r} tokens; "
+                             f"it may take 0 .. {most} (its tokens left, within the budget left)")
+        return n
 
     # -- admission, with the prefix cache -----------------------------------------
     def _admission_tokens(self, r: Request, hit: list[int], budget: int) -> int:
