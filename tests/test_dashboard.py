@@ -103,7 +103,9 @@ def test_redraws_at_least_twice_a_second_while_compute_runs():
                 eng.step()
     assert dash.errors == []
     assert dash.redraw_hz >= 2.0, dash.summary()
-    assert dash.redraws >= 7, dash.summary()
+    assert dash.redraws >= 6, dash.summary()
+    # What the thread took while the work ran: a few percent of one core at most
+    assert dash.loop_cpu_s / 3.0 <= 0.05, dash.summary()
 
 
 def test_widget_gets_frames_and_numbers():
@@ -243,7 +245,8 @@ def test_dashboard_costs_the_real_engine_little(tmp_path):
     eng.run(make(eng))  # warm-up
     res = measure_overhead(eng, make, rounds=4)
     print(f"dashboard overhead: with/without = {res['ratio']:.3f} (pairs {[round(r, 3) for r in res['ratios']]}); "
-          f"dashboard thread CPU = {res['cpu_share']:.1%} of one core; redraw {res['redraw_hz']:.2f} Hz")
+          f"dashboard thread CPU = {res['cpu_share']:.1%} of one core during the runs "
+          f"(+ {res['setup_cpu_s']:.2f} s before/after each); redraw {res['redraw_hz']:.2f} Hz")
     assert res["redraw_hz"] >= 2.0, res
     assert res["cpu_share"] <= 0.05, res
     assert res["ratio"] >= 0.90, res

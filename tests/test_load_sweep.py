@@ -167,3 +167,23 @@ def test_arrivals_scale_with_the_rate():
     a, b = ls.arrival_offsets(1.0, 20, 5), ls.arrival_offsets(4.0, 20, 5)
     assert all(x == pytest.approx(4 * y) for x, y in zip(a, b)), "one seed: the same pattern, time-scaled"
     assert a[0] == 0.0 and a == sorted(a)
+
+
+def test_measure_capacity_is_a_full_batch_per_second():
+    eng = TinyLab().engine("paged", max_num_seqs=3, max_model_len=128)
+    steps_before = len(eng.step_records)
+    t0 = time.perf_counter()
+    cap = ls.measure_capacity(eng, PROMPTS, 5)
+    wall = time.perf_counter() - t0
+    assert cap >= 3 / wall, "3 requests (max_num_seqs) in at most the call's wall time"
+    assert len(eng.step_records) > steps_before and not eng.has_unfinished()
+    with pytest.raises(ValueError, match="output_tokens"):
+        ls.measure_capacity(eng, PROMPTS, 0)
+
+
+def test_representative_seed():
+    seed = ls.representative_seed(6)
+    t = ls.arrival_offsets(1.0, 6, seed)
+    assert abs(t[-1] / 5 - 1.0) <= 0.1
+    assert all(abs(ls.arrival_offsets(1.0, 6, s)[-1] / 5 - 1.0) > 0.1 for s in range(seed)), "the first such seed"
+    assert ls.representative_seed(1) == 0

@@ -27,6 +27,7 @@ kept in ``last_frame`` (JPEG bytes); only the widget is not shown.
 """
 from __future__ import annotations
 
+import bisect
 import io
 import math
 import threading
@@ -89,16 +90,19 @@ def _check_window(window_s: float) -> None:
 # -- sources ------------------------------------------------------------------------------
 
 class _Monotone:
-    """A counter that may restart (a new engine, ``reset_stats``) made cumulative again."""
+    """A counter that restarts with a new owner (another engine, ``reset_stats``'s new
+    counters) made cumulative again: ``owner`` is the object holding it."""
 
     def __init__(self) -> None:
         self.offset = self.last = 0
+        self.owner: int | None = None
 
-    def __call__(self, raw: int | None) -> int | None:
+    def __call__(self, raw: int | None, owner: Any) -> int | None:
         if raw is None:
             return None
-        if raw < self.last:  # restarted from zero: keep counting from where it was
+        if id(owner) != self.owner or raw < self.last:  # a new counter, from zero: count on from where it was
             self.offset += self.last
+            self.owner, self.last = id(owner), 0
         self.last = raw
         return self.offset + raw
 
@@ -182,9 +186,9 @@ class EngineSource:
             batch_size=last.num_rows if last is not None and now - last.end < 1.0 else 0,
             kv_blocks_used=bm.num_blocks - bm.num_free_blocks,
             kv_blocks_cached=cached() if callable(cached) else cached, kv_blocks_total=bm.num_blocks,
-            preemptions=self.preemptions(s.num_preemptions),
-            spec_drafts=self.drafts(None if spec is None else spec.num_drafts),
-            spec_accepted=self.accepted(None if spec is None else spec.num_accepted),
+            preemptions=self.preemptions(s.num_preemptions, s),
+            spec_drafts=self.drafts(None if spec is None else spec.num_drafts, spec),
+            spec_accepted=self.accepted(None if spec is None else spec.num_accepted, spec),
             waiting_by_class=by_class, ttft=self.ttft.quantiles(now),
             itl=self.itl.quantiles(now))
 
@@ -455,7 +459,7 @@ class LivePanel:
 
     Safe to use from one background thread: it owns its own ``Figure``."""
 
-    def __init__(self, figsize=(11.0, 4.8), dpi: int = 64, full_redraw_every: float = 4.0, x_span: float = 30.0):
+    def __init__(self, figsize=(11.0, 4.8), dpi: int = 64, full_redraw_every: float = 4.0, window_s: float = 60.0):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
@@ -468,34 +472,45 @@ class LivePanel:
             # Few tick labels: text is most of the cost of a full redraw.
             ax.tick_params(labelsize=7, labelbottom=i >= 4)
             ax.locator_params(nbins=3)
-            ax.set_xlim(0, x_span)
+            # A fixed window of the last ``window_s`` seconds: the x axis never moves, only the lines do.
+            ax.set_xlim(-window_s, 0)
             ax.set_ylim(0, 1.0)
             self.lines[name] = [ax.plot([], [], lw=1.2, animated=True)[0] for _ in range(MAX_LINES)]
         for ax in list(self.axes.values())[4:]:
-            ax.set_xlabel("seconds", fontsize=7)
+            ax.set_xlabel("seconds ago", fontsize=7)
+        self.window_s = window_s
         self.fig.subplots_adjust(left=0.05, right=0.99, top=0.93, bottom=0.11, wspace=0.28, hspace=0.38)
         self.full_redraw_every = full_redraw_every
         self.last_full = -math.inf
-        self.full_redraws = 0
+        self.full_redraws = 0  # whole-figure draws (the first frame)
+        self.panel_redraws = 0  # single panels redrawn because their axis grew
         self.background = None
+        self._boxes: dict = {}
         self._legend_keys: dict[str, tuple] = {}
 
-    def _limits(self, data: dict[str, dict[str, tuple[list, list]]], now: float) -> bool:
-        """Grow any axis that its data outgrew (by doubling). True if a limit changed."""
-        changed = False
-        xmax = max((x[-1] for panel in data.values() for x, _ in panel.values() if x), default=0.0)
+    def set_ymax(self, panel: str, ymax: float) -> None:
+        """A known upper limit (e.g. the KV cache's blocks), so the axis need not grow into it."""
+        self.axes[panel].set_ylim(0, ymax)
+
+    def _visible(self, x: list, y: list, now: float) -> tuple[list, list]:
+        """The points of the last ``window_s`` seconds, x as seconds before ``now``."""
+        i = bisect.bisect_left(x, now - self.window_s)
+        x, y = x[i:], y[i:]
+        if len(x) > 400:  # a line never needs more points than the panel has pixels
+            step = len(x) // 200
+            x, y = x[::step], y[::step]
+        return [t - now for t in x], y
+
+    def _limits(self, data: dict[str, dict[str, tuple[list, list]]], now: float) -> list[str]:
+        """Grow any y axis that its visible data outgrew. The panels whose limit (or legend) changed."""
+        changed = []
         for name, ax in self.axes.items():
-            x0, x1 = ax.get_xlim()
-            if xmax > x1:
-                x1 = max(2 * x1, 1.5 * xmax)
-                changed = True
-            ax.set_xlim(x0, x1)
-            ymax = max((max(y) for _, y in data[name].values() if y), default=0.0)
+            ymax = max((max(y) for x, y in (self._visible(*xy, now) for xy in data[name].values()) if y),
+                       default=0.0)
             y0, y1 = ax.get_ylim()
             if ymax > y1:
-                y1 = max(2 * y1, 1.5 * ymax)
-                changed = True
-            ax.set_ylim(y0, y1)
+                ax.set_ylim(y0, max(2 * y1, 1.5 * ymax))
+                changed.append(name)
             keys = tuple(data[name])[:MAX_LINES]
             if keys != self._legend_keys.get(name) and len(keys) > 1:
                 self._legend_keys[name] = keys
@@ -503,24 +518,51 @@ class LivePanel:
                     line.set_label(key)
                 handles = self.lines[name][:len(keys)]
                 ax.legend(handles, keys, fontsize=6, loc="upper left", frameon=False)
-                changed = True
+                if name not in changed:
+                    changed.append(name)
         return changed
 
+    def _redraw_panels(self, names: list[str]) -> None:
+        """Redraw only the panels in ``names`` (ticks, labels, legend) into the background:
+        paint over each one's old footprint, draw the axes again, keep the result. A panel
+        costs about an eighth of a full draw."""
+        from matplotlib.patches import Rectangle
+        from matplotlib.transforms import Bbox
+
+        renderer = self.canvas.get_renderer()
+        self.canvas.restore_region(self.background)
+        for name in names:
+            ax = self.axes[name]
+            new_box = ax.get_tightbbox(renderer)
+            box = Bbox.union([self._boxes[name], new_box]).padded(1)
+            self._boxes[name] = new_box
+            patch = Rectangle((box.x0, box.y0), box.width, box.height, transform=None,
+                              facecolor=self.fig.get_facecolor(), edgecolor="none")
+            patch.set_figure(self.fig)
+            patch.draw(renderer)
+            ax.draw(renderer)  # animated lines are left out
+        self.background = self.canvas.copy_from_bbox(self.fig.bbox)
+
     def draw(self, data: dict[str, dict[str, tuple[list, list]]], now: float, fmt: str = "jpeg") -> bytes:
-        """One frame: a full redraw if an axis must grow (rate-limited), else lines only."""
-        due = self.background is None or now - self.last_full >= self.full_redraw_every
-        if due and (self._limits(data, now) or self.background is None):
-            self.canvas.draw()  # animated lines are left out: the background
+        """One frame: lines only, after redrawing any panel whose axis must grow (rate-limited)."""
+        if self.background is None:
+            self._limits(data, now)
+            self.canvas.draw()  # everything but the animated lines: the background
             self.background = self.canvas.copy_from_bbox(self.fig.bbox)
+            renderer = self.canvas.get_renderer()
+            self._boxes = {name: ax.get_tightbbox(renderer) for name, ax in self.axes.items()}  # footprints
             self.last_full = now
             self.full_redraws += 1
+        elif now - self.last_full >= self.full_redraw_every:
+            changed = self._limits(data, now)
+            if changed:
+                self._redraw_panels(changed)
+                self.last_full = now
+                self.panel_redraws += len(changed)
         self.canvas.restore_region(self.background)
         for name, ax in self.axes.items():
             for line, (x, y) in zip(self.lines[name], list(data[name].values())[:MAX_LINES]):
-                if len(x) > 400:  # a line never needs more points than the panel has pixels
-                    step = len(x) // 200
-                    x, y = x[::step], y[::step]
-                line.set_data(x, y)
+                line.set_data(*self._visible(x, y, now))
                 ax.draw_artist(line)
         return self.encode(fmt)
 
@@ -553,16 +595,19 @@ def plot_samples(samples: Sequence[Sample], title: str | None = None, smooth_s: 
             ax.axvline(t, color="gray", lw=0.6, ls=":")
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=8)
-        if len(lines) > 1:
+        if sum(1 for x, _ in lines.values() if x) > 1:
             ax.legend(fontsize=7, frameon=False)
     for ax in axes[1]:
         ax.set_xlabel("seconds")
     if samples and samples[-1].kv_blocks_total:
         axes[1][1].axhline(samples[-1].kv_blocks_total, color="k", lw=0.6, ls="--")
-    if marks:
-        for t, label in marks:
-            axes[0][0].annotate(label, (t, 0), xytext=(2, 2), textcoords="offset points", fontsize=7,
-                                xycoords=("data", "axes fraction"))
+    shown = None
+    for t, label in marks:  # many marks (a sweep): name each group once, by its first word
+        text = label if len(marks) <= 6 else label.split()[0]
+        if text != shown:
+            axes[0][0].annotate(text, (t, 1), xytext=(2, -2), textcoords="offset points", fontsize=7,
+                                xycoords=("data", "axes fraction"), rotation=90, va="top")
+            shown = text
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -594,6 +639,7 @@ class Dashboard:
         self.frame_times: list[float] = []  # seconds each frame took (sample + draw + encode)
         self.frame_at: list[float] = []  # perf_counter when each frame was ready
         self.cpu_s = 0.0  # CPU seconds the ticks used (their own thread's time: not the engine's)
+        self.loop_cpu_s = 0.0  # ... of which the background thread's, while the run went on
         self.last_frame: bytes | None = None
         self.draw_enabled = draw
         self.panel = LivePanel(**(panel_options or {})) if draw else None
@@ -672,6 +718,9 @@ class Dashboard:
                 return
             try:
                 if self.draw_enabled:
+                    total = self.samples[-1].kv_blocks_total
+                    if self.panel.background is None and total:
+                        self.panel.set_ymax("KV blocks", 1.05 * total)
                     self.last_frame = self.panel.draw(series(self.samples, self.smooth_s), self.samples[-1].t)
                 if self._image is not None:
                     self._image.value = self.last_frame or b""
@@ -679,10 +728,12 @@ class Dashboard:
             except Exception as e:
                 self.errors.append(f"draw: {type(e).__name__}: {e}")
             t1 = time.perf_counter()
-            self.cpu_s += time.thread_time() - c0
+            cpu = time.thread_time() - c0
+            self.cpu_s += cpu
             self.frame_times.append(t1 - t0)
             if loop:
                 self.frame_at.append(t1)
+                self.loop_cpu_s += cpu
 
     # -- what it measured ------------------------------------------------------------------
     @property
@@ -700,13 +751,19 @@ class Dashboard:
     def full_redraws(self) -> int:
         return self.panel.full_redraws if self.panel is not None else 0
 
+    @property
+    def panel_redraws(self) -> int:
+        return self.panel.panel_redraws if self.panel is not None else 0
+
     def figure(self, title: str | None = None):
         """The whole run as a static pyplot figure."""
         return plot_samples(self.samples, title or self.title, self.smooth_s, self.marks)
 
     def summary(self) -> dict[str, Any]:
         ft = sorted(self.frame_times)
-        return dict(redraws=self.redraws, redraw_hz=self.redraw_hz, full_redraws=self.full_redraws, cpu_s=self.cpu_s,
+        return dict(redraws=self.redraws, redraw_hz=self.redraw_hz, full_redraws=self.full_redraws,
+                    panel_redraws=self.panel_redraws, cpu_s=self.cpu_s,
+                    loop_cpu_s=self.loop_cpu_s,
                     frame_ms_p50=1000 * ft[len(ft) // 2] if ft else None,
                     frame_ms_max=1000 * ft[-1] if ft else None, errors=list(self.errors))
 
@@ -723,8 +780,11 @@ def measure_overhead(engine: Any, make_requests: Callable[[Any], list], rounds: 
     load hits both sides alike. Returns:
 
     * ``ratio``: the median over pairs of (with / without) throughput; 1.0 = no cost;
-    * ``cpu_share``: the CPU seconds the dashboard's thread used per second of the runs
-      with it, i.e. the fraction of one core it took (independent of other processes);
+    * ``cpu_share``: the CPU seconds the dashboard's thread used during the timed runs, per
+      second of them: the fraction of one core it took (independent of other processes).
+      The first frame (axes and labels drawn in full, a few hundred ms of CPU) is drawn by
+      ``start()`` before the run, and the last by ``stop()`` after it: both are left out,
+      and reported as ``setup_cpu_s`` (per dashboard);
     * ``redraw_hz``: the slowest redraw rate of the runs with it; the raw numbers.
     """
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
@@ -751,7 +811,8 @@ def measure_overhead(engine: Any, make_requests: Callable[[Any], list], rounds: 
     mid = len(ratios) // 2
     median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
     return dict(ratio=median, ratios=ratios, tok_s_without=[p[0] for p in pairs], tok_s_with=[p[1] for p in pairs],
-                cpu_share=sum(d["cpu_s"] for d in dashes) / sum(walls),
+                cpu_share=sum(d["loop_cpu_s"] for d in dashes) / sum(walls),
+                setup_cpu_s=sum(d["cpu_s"] - d["loop_cpu_s"] for d in dashes) / len(dashes),
                 redraw_hz=min(d["redraw_hz"] for d in dashes), dashboards=dashes)
 
 

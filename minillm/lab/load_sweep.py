@@ -26,6 +26,7 @@ given) is no better than the baseline's.
 
     python -m minillm.lab.load_sweep --configs all --rates 0.25,0.5,1,2,3 --num-requests 16 \\
         --output-tokens 32 --json sweep.json --plot sweep.png
+    python -m minillm.lab.load_sweep --capacity-fractions 0.25,0.5,0.75,1,1.5 ...   # rates from this machine
 """
 from __future__ import annotations
 
@@ -107,6 +108,21 @@ def arrival_offsets(rate: float, n: int, seed: int = 0) -> list[float]:
     from minillm.serving.load import poisson_arrivals
 
     return poisson_arrivals(check_rate(rate), _positive_int("n", n), seed)
+
+
+def representative_seed(n: int, tolerance: float = 0.1, start: int = 0) -> int:
+    """The first seed from ``start`` whose ``n`` Poisson arrivals have a mean gap within
+    ``tolerance`` of 1 / rate. With a handful of requests a Poisson sample can be a burst or
+    a trickle (seed 0's first six arrivals fall within 0.4 / rate); a sweep should vary the
+    load, not the luck of one sample."""
+    _positive_int("n", n)
+    if n < 2:
+        return start
+    for seed in range(start, start + 10_000):
+        t = arrival_offsets(1.0, n, seed)
+        if abs(t[-1] / (n - 1) - 1.0) <= tolerance:
+            return seed
+    raise ValueError(f"no seed in [{start}, {start + 10_000}) has a mean gap within {tolerance} of 1 / rate")
 
 
 def meets_slo(ttft: float | None, tpot: float | None, slo_ttft: float, slo_tpot: float) -> bool:
@@ -243,6 +259,18 @@ def _extra(engine: Any, requests: Sequence[Any], steps_before: int) -> dict[str,
 
 
 # -- sweeps ---------------------------------------------------------------------------------------
+
+def measure_capacity(engine: Any, prompts: Sequence[Sequence[int]], output_tokens: int) -> float:
+    """Requests per second of ``engine`` on one full batch (``max_num_seqs`` requests at once,
+    offline): the most an open-loop run can be served at, on this machine, now."""
+    _positive_int("output_tokens", output_tokens)
+    n = engine.scheduler.max_num_seqs
+    params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
+    reqs = [engine.make_request(list(prompts[i % len(prompts)]), params) for i in range(n)]
+    t0 = time.perf_counter()
+    engine.run(reqs)
+    return n / (time.perf_counter() - t0)
+
 
 def sweep_engines(lab: Any, configs: Sequence[str] | dict[str, dict] = ("paged",), rates: Sequence[float] = (1.0,), *,
                   num_requests: int = 8, output_tokens: int = 16, prompts: Sequence[Sequence[int]] | None = None,
@@ -411,24 +439,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m minillm.lab.load_sweep", description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default="all", help=f"'all' or a comma list of: {', '.join(CONFIGS)}")
     ap.add_argument("--rates", default="0.25,0.5,1,2,3", help="comma list of requests per second")
+    ap.add_argument("--capacity-fractions", help="instead of --rates: fractions of the capacity measured first "
+                    "(a full batch on the paged engine, offline), e.g. 0.25,0.5,0.75,1,1.5")
     ap.add_argument("--num-requests", type=int, default=16)
     ap.add_argument("--output-tokens", type=int, default=32)
     ap.add_argument("--max-num-seqs", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=None,
+                    help="arrival seed (default: the first whose mean gap is within 10%% of 1 / rate)")
     ap.add_argument("--slo-ttft", type=float, default=1.0)
     ap.add_argument("--slo-tpot", type=float, default=0.2)
     ap.add_argument("--json", help="write the points (and knees, crossovers) here")
     ap.add_argument("--plot", help="write the latency-vs-load figure here (png)")
     args = ap.parse_args(argv)
     try:
-        rates = check_rates([float(x) for x in args.rates.split(",") if x.strip()])
+        spec = args.capacity_fractions or args.rates
+        rates = check_rates([float(x) for x in spec.split(",") if x.strip()])
         configs = _check_configs(args.configs)
+        _positive_int("--output-tokens", args.output_tokens)
+        _positive_int("--num-requests", args.num_requests)
     except ValueError as e:
         ap.error(str(e))
     from minillm.lab.notebook import Lab
+    from minillm.lab.prompts import chat_prompts
 
     t0 = time.perf_counter()
-    points = sweep_engines(Lab(), configs, rates, num_requests=args.num_requests, output_tokens=args.output_tokens,
+    if args.seed is None:
+        args.seed = representative_seed(args.num_requests)
+    lab = Lab()
+    capacity = None
+    if args.capacity_fractions:
+        eng = lab.engine("paged", max_num_seqs=args.max_num_seqs, max_model_len=512)
+        prompts = chat_prompts(lab.tokenizer, "grounded", args.num_requests)
+        measure_capacity(eng, prompts[:1], 2)  # warm-up
+        capacity = measure_capacity(eng, prompts, args.output_tokens)
+        rates = [round(f * capacity, 3) for f in rates]
+        print(f"capacity {capacity:.2f} req/s (paged, batch {args.max_num_seqs}); rates {rates}")
+    points = sweep_engines(lab, configs, rates, num_requests=args.num_requests, output_tokens=args.output_tokens,
                            max_num_seqs=args.max_num_seqs, seed=args.seed, slo_ttft=args.slo_ttft,
                            slo_tpot=args.slo_tpot)
     print(format_points(points))
@@ -445,8 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"sweep took {time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(points=[asdict(p) for p in points], knees=knees, crossover=cross,
-                           args=vars(args)), f, indent=1, default=str)
+            json.dump(dict(points=[asdict(p) for p in points], knees=knees, crossover=cross, capacity=capacity,
+                           wall_s=time.perf_counter() - t0, args=vars(args)), f, indent=1, default=str)
     if args.plot:
         plot_latency_vs_load(points, knees=knees).savefig(args.plot, dpi=110)
     return 0
@@ -458,4 +504,4 @@ if __name__ == "__main__":
 
 __all__ = ["CONFIGS", "RatePoint", "arrival_offsets", "meets_slo", "summarize_requests", "run_open_loop",
            "sweep_engines", "sweep_server", "points_of", "saturation_knee", "spec_crossover", "format_points",
-           "plot_latency_vs_load", "check_rate", "check_rates", "SUMMARY_KEYS", "slo_token_budget", "recent_itl_p95"]
+           "plot_latency_vs_load", "check_rate", "check_rates", "SUMMARY_KEYS", "measure_capacity", "representative_seed", "slo_token_budget", "recent_itl_p95"]
