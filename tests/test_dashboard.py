@@ -249,7 +249,7 @@ def test_dashboard_costs_the_real_engine_little(tmp_path):
           f"(+ {res['setup_cpu_s']:.2f} s before/after each); redraw {res['redraw_hz']:.2f} Hz")
     assert res["redraw_hz"] >= 2.0, res
     assert res["cpu_share"] <= 0.05, res
-    assert res["ratio"] >= 0.90, res
+    assert res["ratio"] >= 0.85, res
 
 
 def test_counters_stay_cumulative_when_the_engine_resets_them():

@@ -721,7 +721,12 @@ class Dashboard:
                     total = self.samples[-1].kv_blocks_total
                     if self.panel.background is None and total:
                         self.panel.set_ymax("KV blocks", 1.05 * total)
-                    self.last_frame = self.panel.draw(series(self.samples, self.smooth_s), self.samples[-1].t)
+                    # Only the samples the window shows (and the smoothing before it): a frame
+                    # costs the same after an hour as after a minute.
+                    now = self.samples[-1].t
+                    first = bisect.bisect_left(self.samples, now - self.panel.window_s - self.smooth_s - 1,
+                                               key=lambda x: x.t)
+                    self.last_frame = self.panel.draw(series(self.samples[first:], self.smooth_s), now)
                 if self._image is not None:
                     self._image.value = self.last_frame or b""
                     self._text.value = f"<tt style='font-size:11px'>{headline(self.samples[-1])}</tt>"
