@@ -132,8 +132,11 @@ def test_interactive_overtakes_waiting_batch_jobs():
     assert [row.request.request_id for row in _step(fcfs, 0.0).rows] == ["b1"], "FCFS ignores the class"
 
 
-def test_timed_out_request_preempts_the_lowest_class():
-    sched = _sched(max_num_seqs=2)
+@pytest.mark.parametrize("chunked", [False, True])
+def test_timed_out_request_preempts_the_lowest_class(chunked):
+    # With chunked prefill every running request has its decode row before admission:
+    # the room is made before any row is planned.
+    sched = _sched(max_num_seqs=2, enable_chunked_prefill=chunked)
     b, s = _req("b", "batch", max_tokens=50), _req("s", "standard", max_tokens=50)
     sched.add(b)
     sched.add(s)

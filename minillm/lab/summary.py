@@ -172,12 +172,12 @@ def class_metrics(metrics: Sequence[RequestMetrics], queue_timeouts: dict[str, f
         waits = [m.queue_wait for m in ms if m.queue_wait is not None]
         hit = sum(1 for w in waits if w > limit)
         if ttft_slo_s is not None and name in ttft_slo_s:
-            met = sum(1 for m in ms if m.ttft is not None and m.ttft <= ttft_slo_s[name])
-        else:
-            met = sum(1 for w in waits if w <= limit)
+            attained = sum(1 for m in ms if m.ttft is not None and m.ttft <= ttft_slo_s[name]) / len(ms)
+        else:  # None when the run recorded no queue waits (e.g. the transformers baselines)
+            attained = sum(1 for w in waits if w <= limit) / len(ms) if waits else None
         out[name] = dict(num_requests=len(ms), ttft_s=percentiles(ttfts(ms)), queue_wait_s=percentiles(waits),
                          e2e_s=percentiles(e2es(ms)), queue_timeout_s=limit, timeouts_hit=hit,
-                         slo_attainment=met / len(ms) if ms else None,
+                         slo_attainment=attained,
                          output_tokens=sum(len(m.token_times) for m in ms))
     return out
 
@@ -327,7 +327,7 @@ def format_class_table(rows: Sequence[dict[str, Any]]) -> str:
             t, w = c["ttft_s"], c["queue_wait_s"]
             f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
             lines.append(f"{label:>14s} {name:>12s} {c['num_requests']:4d} {f(t['p50']):>9s} {f(t['p95']):>7s} "
-                         f"{f(t['p99']):>7s} {f(w['p95']):>9s} {c['timeouts_hit']:8d} {c['slo_attainment']:5.2f}")
+                         f"{f(t['p99']):>7s} {f(w['p95']):>9s} {c['timeouts_hit']:8d} {f(c['slo_attainment']):>5s}")
     return "\n".join(lines)
 
 

@@ -138,6 +138,8 @@ class PagedScheduler(Scheduler):
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        if self.scheduling_policy == "priority":  # before any row: a running request's row is never revoked
+            self._make_room_for_timed_out(out)
         if self.enable_chunked_prefill:  # decodes first, prefill chunks in what is left
             budget = self._schedule_decodes(out, budget)
             budget = self._schedule_prefills(out, budget)
@@ -338,20 +340,46 @@ class PagedScheduler(Scheduler):
                 budget -= n
         return budget
 
+    def _make_room_for_timed_out(self, out: SchedulerOutput) -> None:
+        """If the request first in the admission order has waited past its timeout and there
+        is no batch slot or no blocks for it, preempt lower-class running requests now,
+        before the step's rows are planned (with chunked prefill every running request gets
+        its decode row first, and a row is never revoked). Its admission comes later in the
+        step, in ``_admit_by_priority``."""
+        now = self.clock()
+        order = prio.admission_order(self.waiting, now, self.timeout_of)
+        if not order or not prio.is_timed_out(order[0], now, self.timeout_of):
+            return
+        r = order[0]
+        hit = self.block_manager.lookup_prefix(r)
+        decodes = sum(1 for x in self.running if not x.is_prefill) if self.enable_chunked_prefill else 0
+        n = self._admission_tokens(r, hit, max(self.max_num_batched_tokens - decodes, 1))
+        while n and not self._can_admit(r, n, hit):
+            victim = prio.pick_victim(self.running, below_level=r.priority)
+            if victim is None:
+                return
+            self.preempt(victim)
+            out.preempted.append(victim)
+            hit = self.block_manager.lookup_prefix(r)
+            n = self._admission_tokens(r, hit, max(self.max_num_batched_tokens - decodes, 1))
+
     def _admit_by_priority(self, out: SchedulerOutput, budget: int) -> int:
         """Admit by class; a request past its queue timeout first, preempting a lower class if it must."""
         now = self.clock()
         while budget > 0 and self.waiting:
-            order = prio.admission_order(self.waiting, now, self.timeout_of)
+            # (a request preempted in this step stays out until the next one)
+            order = [r for r in prio.admission_order(self.waiting, now, self.timeout_of) if r not in out.preempted]
             if not order:
                 break  # nobody has arrived yet
             r = order[0]
-            timed_out = prio.is_timed_out(r, now, self.timeout_of)
-            if self.overcommitted and self.running and not timed_out:
-                break  # memory is short: only a request past its timeout may push in
+            # Past its timeout, with a lower class running that it may push out.
+            may_push = (prio.is_timed_out(r, now, self.timeout_of)
+                        and any(x.priority > r.priority for x in self.running))
+            if self.overcommitted and self.running and not may_push:
+                break  # memory is short (a preemption happened): no admission that could thrash
             hit = self.block_manager.lookup_prefix(r)
             n = self._admission_tokens(r, hit, budget)
-            while n and timed_out and not self._can_admit(r, n, hit):
+            while n and may_push and not self._can_admit(r, n, hit):
                 victim = prio.pick_victim(self.running, below_level=r.priority,
                                           exclude=[row.request for row in out.rows])
                 if victim is None:
