@@ -379,5 +379,112 @@ def explorer(cost, num_requests: int = 32, seed: int = 0, short_tokens: int = 20
     return ui
 
 
-__all__ = ["plot_timeline", "plot_utilization", "plot_kv_memory", "plot_latency_cdfs", "plot_throughput_vs_batch",
+# -- chapter 6: the prefix cache and priority classes ----------------------------------------
+
+def plot_prefix_tables(tables: Mapping[str, Sequence[int]], hashes: Mapping[str, Sequence[int]], num_blocks: int,
+                       evictable: Sequence[int] = (), ax=None, title: str | None = None):
+    """Block tables with the hash chain: each request's blocks, left to right, name their
+    physical block (big) and the chained hash of their full block (small, ``#xxxx``; a
+    partial block has none). A physical block has one colour wherever it appears, so a
+    shared prefix is a run of equal colours across rows. The pool on the right: blocks held
+    by one request, shared by several (bold edge), evictable (free but cached: hatched), free.
+    """
+    from matplotlib.patches import Rectangle
+
+    plt = _plt()
+    ids = list(tables)
+    width = max((len(t) for t in tables.values()), default=1)
+    holders: dict[int, int] = {}
+    for t in tables.values():
+        for b in t:
+            holders[b] = holders.get(b, 0) + 1
+    cmap = plt.get_cmap("tab20")
+    color = lambda b: cmap(b % 20)  # noqa: E731
+    cols = min(16, max(4, num_blocks))
+    rows = -(-num_blocks // cols)
+    x0 = width + 1.5
+    if ax is None:
+        _, ax = plt.subplots(figsize=(min(15, 0.62 * (x0 + cols) + 1.5), 0.62 * max(len(ids), rows) + 1.4))
+    for i, rid in enumerate(ids):
+        ax.text(-0.3, i, f"req {rid}", ha="right", va="center", fontsize="small")
+        hs = list(hashes.get(rid, []))
+        for j, b in enumerate(tables[rid]):
+            shared = holders[b] > 1
+            ax.add_patch(Rectangle((j + 0.04, i - 0.42), 0.92, 0.84, facecolor=color(b), alpha=0.85,
+                                   edgecolor="black" if shared else "none", linewidth=1.6 if shared else 0))
+            ax.text(j + 0.5, i - 0.08, str(b), ha="center", va="center", fontsize="small", weight="bold")
+            label = f"#{hs[j] & 0xFFFF:04x}" if j < len(hs) else "partial"
+            ax.text(j + 0.5, i + 0.25, label, ha="center", va="center", fontsize=6)
+    evict = set(evictable)
+    for b in range(num_blocks):
+        cx, cy = x0 + b % cols, b // cols
+        if b in holders:
+            face, hatch, edge = color(b), None, "black" if holders[b] > 1 else "#888888"
+        elif b in evict:
+            face, hatch, edge = "#f3f3f3", "////", "#888888"
+        else:
+            face, hatch, edge = "white", None, "#bbbbbb"
+        ax.add_patch(Rectangle((cx + 0.05, cy - 0.4), 0.9, 0.8, facecolor=face, hatch=hatch, edgecolor=edge,
+                               linewidth=1.4 if holders.get(b, 0) > 1 else 0.6))
+        ax.text(cx + 0.5, cy, str(b), ha="center", va="center", fontsize="x-small")
+    ax.text(width / 2, -0.95, "block tables: physical id, #hash of the full block", ha="center", fontsize="small")
+    ax.text(x0 + cols / 2, -0.95, "pool: held, shared (bold), evictable (hatched), free", ha="center",
+            fontsize="small")
+    ax.set_xlim(-2.0, x0 + cols + 0.2)
+    ax.set_ylim(max(len(ids), rows) - 0.4, -1.4)
+    ax.set_axis_off()
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def plot_cached_blocks(results, ax=None):
+    """Blocks holding a cached prefix over time (solid) and, of those, the free, evictable ones (dashed)."""
+    from minillm.lab.summary import cached_blocks_over_time
+
+    plt = _plt()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.2))
+    for k, (name, r) in enumerate(_results(results).items()):
+        t, cached, evictable = cached_blocks_over_time(r.steps, r.start)
+        c = f"C{k}"
+        ax.step(t, cached, where="post", color=c, label=f"{name}: cached")
+        ax.step(t, evictable, where="post", color=c, ls="--", label=f"{name}: of which evictable")
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel("KV blocks")
+    ax.set_title("the prefix cache over time")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return ax
+
+
+CLASS_COLORS = {"interactive": "tab:red", "standard": "tab:blue", "batch": "tab:gray"}
+
+
+def plot_class_ttft_cdfs(results, ax=None, metric: str = "ttft"):
+    """CDFs of TTFT (or ``metric="e2e"``) per priority class: colour = class, line style = run."""
+    plt = _plt()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    styles = ["-", "--", ":", "-."]
+    for k, (name, r) in enumerate(_results(results).items()):
+        groups: dict[str, list[float]] = {}
+        for m in r.metrics:
+            v = m.ttft if metric == "ttft" else m.e2e
+            if v is not None:
+                groups.setdefault(m.priority_class, []).append(v)
+        for cls, values in groups.items():
+            xs = sorted(values)
+            ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", ls=styles[k % len(styles)],
+                    color=CLASS_COLORS.get(cls, None), label=f"{cls}, {name}")
+    ax.set_xscale("log")
+    ax.set_xlabel(("TTFT" if metric == "ttft" else "end-to-end latency") + " (s, log scale)")
+    ax.set_ylabel("fraction of the class's requests")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return ax
+
+
+__all__ = ["plot_prefix_tables", "plot_cached_blocks", "plot_class_ttft_cdfs", "plot_timeline", "plot_utilization", "plot_kv_memory", "plot_latency_cdfs", "plot_throughput_vs_batch",
            "explorer", "assign_lanes", "request_color", "summary_line", "plot_block_tables"]
