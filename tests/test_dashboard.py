@@ -232,10 +232,10 @@ def test_bad_sources_are_rejected():
 def test_dashboard_costs_the_real_engine_little(tmp_path):
     """Throughput of the real model with the dashboard attached over without, alternating
     runs in one process. Target: >= 0.95 (the numbers are written to the test's output).
-    On a shared 2-core machine the pairs scatter by +-15% (other jobs, and a thread that
-    the OS preempts while it holds the GIL), so the throughput bound only catches a gross
-    regression; the CPU the dashboard's
-    thread used does not depend on that noise: <= 5% of one core."""
+    On a shared, busy 2-core machine single pairs scattered from 0.6 to 1.3 (other jobs,
+    and a thread that the OS preempts while it holds the GIL), so the throughput bound only
+    catches a gross regression; the CPU the dashboard's thread used does not depend on
+    that noise: <= 5% of one core."""
     from minillm.lab.notebook import Lab
     from minillm.lab.prompts import chat_prompts
 
