@@ -41,16 +41,17 @@ lab: setup
 NBVAL_CELL_TIMEOUT ?= 600
 
 # The Python tests (exercise tests graded against solutions/: the shipped reference),
-# then every chapter executed top to bottom. Learners grade their own work with `make grade`.
+# then every chapter executed top to bottom, its "run it in the engine" cells and score
+# table on the reference answers too. Learners grade their own work with `make grade`.
 test: setup
 	MINILLM_IMPL=solutions $(PY) -m pytest tests
-	$(PY) -m pytest --nbval-lax --nbval-cell-timeout=$(NBVAL_CELL_TIMEOUT) chapters/
+	MINILLM_IMPL=solutions $(PY) -m pytest --nbval-lax --nbval-cell-timeout=$(NBVAL_CELL_TIMEOUT) chapters/
 
 test-fast: setup
 	MINILLM_IMPL=solutions $(PY) -m pytest tests -m "not slow"
 
 test-notebooks: setup
-	$(PY) -m pytest --nbval-lax --nbval-cell-timeout=$(NBVAL_CELL_TIMEOUT) chapters/
+	MINILLM_IMPL=solutions $(PY) -m pytest --nbval-lax --nbval-cell-timeout=$(NBVAL_CELL_TIMEOUT) chapters/
 
 grade: setup
 	@$(PY) tests/grade.py $(CHAPTER)

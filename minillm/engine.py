@@ -62,6 +62,7 @@ class LLMEngine:
         self.max_model_len = resolved.max_model_len
         self.kv_bytes_per_token = resolved.kv_bytes_per_token
         self.step_records: list[StepRecord] = []
+        self._empty_steps = 0  # consecutive steps that scheduled nothing with requests ready (livelock check)
         self._ids = itertools.count()
         self._seed_counter = itertools.count()
 
@@ -140,8 +141,10 @@ class LLMEngine:
         start = self.clock.now()
         out: SchedulerOutput = self.scheduler.schedule()
         if not out.rows:  # nothing has arrived yet, or everything waits
+            self._check_progress()
             self._idle_wait()
             return []
+        self._empty_steps = 0
         if self.speculator is not None:
             self.speculator.propose(out)  # drafts, into the lookahead the scheduler reserved
         model_out = self.runner.execute(out)  # logits, laid out as the batch was built
@@ -170,6 +173,24 @@ class LLMEngine:
     def spec_stats(self):
         """Speculation counters (``minillm.spec.speculator.SpecStats``), or None without speculation."""
         return None if self.speculator is None else self.speculator.stats
+
+    def _check_progress(self) -> None:
+        """An empty step is normal once (e.g. right after a request preempted itself) or while
+        nothing has arrived; the same empty step over and over with requests ready is a
+        livelock: nothing will ever free a slot or a block (a leaked block, a policy that
+        never schedules). Raise then, rather than spin forever."""
+        sched = self.scheduler
+        ready = sched.running or (sched.waiting and sched.arrived(sched.waiting[0], self.clock.now()))
+        self._empty_steps = self._empty_steps + 1 if ready else 0
+        if self._empty_steps > self.MAX_EMPTY_STEPS:
+            bm = sched.block_manager
+            raise RuntimeError(
+                f"no progress: {self._empty_steps} steps in a row scheduled nothing while {len(sched.running)} "
+                f"requests run and {len(sched.waiting)} wait ({bm.num_free_blocks} of {bm.num_blocks} KV blocks "
+                f"free). Nothing can free a slot or a block: a leaked block, or a scheduling policy that "
+                f"never schedules a ready request?")
+
+    MAX_EMPTY_STEPS = 8
 
     def _idle_wait(self) -> None:
         waiting = self.scheduler.waiting

@@ -139,3 +139,42 @@ def test_a_policy_the_engine_cannot_carry_out_is_a_clear_error():
     with seams.plug(schedule_step=overtakes):
         with pytest.raises(ValueError, match="not the oldest waiting request"):
             eng.step()
+
+
+def test_block_seams_keep_the_engine_exact_under_preemption():
+    prompts = tiny_prompts(6, seed=5)
+    opts = dict(max_num_seqs=4, num_blocks=12, block_size=4, max_model_len=48)
+    ref_engine = tiny_engine(**opts)
+    ref_reqs = [ref_engine.make_request(p, GREEDY) for p in prompts]
+    ref = [o.token_ids for o in ref_engine.run(ref_reqs)]
+    assert any(r.metrics.num_preemptions for r in ref_reqs), "the pool must be small enough to preempt"
+    eng = tiny_engine(**opts)
+    with seams.plug(blocks_needed=s03.blocks_needed, slot_mapping=s03.slot_mapping,
+                    allocate_blocks=s03.allocate_blocks, free_blocks=s03.free_blocks,
+                    choose_victim=s03.choose_victim):
+        got = run(eng, prompts, GREEDY)
+    assert got == ref and schedule_of(eng) == schedule_of(ref_engine)
+    assert_all_free(eng)
+
+
+def test_an_allocator_that_leaks_on_free_is_caught():
+    def leaky_free(free_list, ref_counts, block_ids):
+        s03.free_blocks(free_list, ref_counts, list(block_ids)[:-1])  # forgets the last block
+
+    eng = tiny_engine(max_num_seqs=4, num_blocks=40, block_size=4, max_model_len=48)
+    with seams.plug(free_blocks=leaky_free):
+        run(eng, tiny_prompts(3), GREEDY)
+    bm = eng.scheduler.block_manager
+    assert bm.num_free_blocks < bm.num_blocks, "the leaked blocks are never free again"
+    with pytest.raises(AssertionError, match="reference counts differ"):
+        bm.check_invariants()
+
+
+def test_a_leak_that_starves_the_engine_raises_instead_of_spinning():
+    def leak_everything(free_list, ref_counts, block_ids):
+        pass  # frees nothing: the pool runs dry and no request can ever start again
+
+    eng = tiny_engine(max_num_seqs=2, num_blocks=12, block_size=4, max_model_len=48)
+    with seams.plug(free_blocks=leak_everything):
+        with pytest.raises(RuntimeError, match="no progress"):
+            run(eng, tiny_prompts(6), GREEDY)
