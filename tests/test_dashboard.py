@@ -242,10 +242,10 @@ def test_dashboard_costs_the_real_engine_little(tmp_path):
     lab = Lab()
     eng = lab.engine("paged", max_num_seqs=8, max_model_len=512)
     prompts = chat_prompts(lab.tokenizer, "grounded", 8)
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     make = lambda e: [e.make_request(p, params) for p in prompts]  # noqa: E731
     eng.run(make(eng))  # warm-up
-    res = measure_overhead(eng, make, rounds=4)
+    res = measure_overhead(eng, make, rounds=3)
     print(f"dashboard overhead: with/without = {res['ratio']:.3f} (pairs {[round(r, 3) for r in res['ratios']]}); "
           f"dashboard thread CPU = {res['cpu_share']:.1%} of one core during the runs "
           f"(+ {res['setup_cpu_s']:.2f} s before/after each); redraw {res['redraw_hz']:.2f} Hz")
