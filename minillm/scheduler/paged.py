@@ -176,6 +176,17 @@ class PagedScheduler(Scheduler):
                 return False
         return True
 
+    def _fit_chunk(self, r: Request, n: int, out: SchedulerOutput) -> int | None:
+        """The chunk of ``n`` prompt tokens that running request ``r`` can feed this step,
+        after preempting (``_make_room``) for it: ``n``, or a shorter chunk in the blocks left
+        when the requests after it all have rows (possibly 0). None: ``r`` preempted itself."""
+        if self._make_room(r, r.num_computed_tokens + n, out):
+            return n
+        if r.status is not RequestStatus.RUNNING:
+            return None
+        room = (len(r.block_ids) + self.block_manager.num_free_blocks) * self.block_size
+        return max(min(n, room - r.num_computed_tokens), 0)
+
     def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
         """One token for every running request that is decoding, oldest first. Returns the budget left."""
         if self.scheduling_policy == "priority":
@@ -216,12 +227,9 @@ class PagedScheduler(Scheduler):
             n = min(r.num_tokens - r.num_computed_tokens, budget)  # already running: always a chunk
             if plan is not None:
                 n = self._checked_chunk(plan, r, n)
-            if not self._make_room(r, r.num_computed_tokens + n, out):
-                if r.status is not RequestStatus.RUNNING:
-                    break
-                # The requests after it all have rows: a shorter chunk in the blocks left, or none.
-                room = (len(r.block_ids) + self.block_manager.num_free_blocks) * self.block_size
-                n = max(min(n, room - r.num_computed_tokens), 0)
+            n = self._fit_chunk(r, n, out)
+            if n is None:  # r preempted itself: every request after it is already gone
+                break
             if n:
                 self.add_row(r, n, out)
                 budget -= n
@@ -329,12 +337,9 @@ class PagedScheduler(Scheduler):
                 break
             if r.status is not RequestStatus.RUNNING or r in scheduled or not r.is_prefill:
                 continue
-            n = min(r.num_tokens - r.num_computed_tokens, budget)
-            if not self._make_room(r, r.num_computed_tokens + n, out):
-                if r.status is not RequestStatus.RUNNING:
-                    continue
-                room = (len(r.block_ids) + self.block_manager.num_free_blocks) * self.block_size
-                n = max(min(n, room - r.num_computed_tokens), 0)
+            n = self._fit_chunk(r, min(r.num_tokens - r.num_computed_tokens, budget), out)
+            if n is None:
+                continue
             if n:
                 self.add_row(r, n, out)
                 budget -= n
