@@ -13,8 +13,27 @@ weights are loaded once. Engines:
                    ``--block-size`` tokens, preemption by recompute when they run out)
     hf-generate    transformers ``generate`` on left-padded groups of B
     hf-continuous  transformers' continuous batching (``generate_batch``'s engine)
+    vllm           vLLM (optional, its own virtualenv: ``make peer-vllm``), in a subprocess
 
-``--engine all`` runs all of them; a comma list runs those, in that order.
+``--engine all`` runs all of them but vllm; a comma list runs those, in that order.
+
+``--dtype`` (float32, bfloat16, float16; default: the device's, float32 on the CPU) is
+the dtype of every engine: minillm's, the transformers baselines' and vLLM's. Each result
+records it as ``dtype``.
+
+vLLM side by side (``--engine continuous,vllm``): vLLM pins its own torch and
+transformers, so it runs in another Python, found in this order: $MINILLM_VLLM_PYTHON,
+``.venv-vllm/bin/python`` at the repository root (what ``make peer-vllm`` builds), this
+Python if it can import vllm. ``minillm/lab/vllm_peer.py`` runs there on the same prompt
+token ids and sampling settings (greedy, ``max_tokens``, EOS ignored), with
+``max_num_seqs``, ``max_model_len``, the token budget and the dtype; it reads a
+Hugging Face model folder that bench writes once from the GGUF into $MINILLM_CACHE
+(default ~/.cache/minillm). Its per-token times are taken as each engine step returns,
+so TTFT / TPOT / ITL / E2E are measured as for the other engines; what vLLM does not
+expose here (per-step batches: forward passes, slot utilization, KV use per step) is
+null in the JSON and ``-`` in the table. vLLM's CPU threads and KV space are set through
+its environment (``VLLM_CPU_OMP_THREADS_BIND``, ``VLLM_CPU_KVCACHE_SPACE``), see
+``vllm_env``; the result records both.
 
 ``--json PATH`` writes, for ONE engine, that engine's result object; for SEVERAL, an
 object keyed by engine name whose values are those result objects. Each result object
@@ -72,25 +91,33 @@ Both targets of the chapter, side by side in one command:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from minillm.config import ATTENTION_BACKENDS, ENGINES, EngineConfig
 from minillm.lab.summary import RunResult, format_class_table, format_table, summarize
 from minillm.lab.workload import WORKLOADS, Workload, make_workload
+from minillm.request import RequestMetrics
 
 
 MINILLM_ENGINES = tuple(e for e in ENGINES if e != "simple")  # "simple" is continuous with one slot
 HF_ENGINES = ("hf-generate", "hf-continuous")
-BENCH_ENGINES = MINILLM_ENGINES + HF_ENGINES
+PEER_ENGINES = ("vllm",)  # another project, in another Python: not part of 'all'
+BENCH_ENGINES = MINILLM_ENGINES + HF_ENGINES + PEER_ENGINES
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def parse_engines(spec: str) -> list[str]:
-    """``'all'`` or a comma list -> engine names, validated."""
-    names = list(BENCH_ENGINES) if spec.strip() == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+    """``'all'`` (every engine but the vllm peer) or a comma list -> engine names, validated."""
+    names = ([e for e in BENCH_ENGINES if e not in PEER_ENGINES] if spec.strip() == "all"
+             else [s.strip() for s in spec.split(",") if s.strip()])
     bad = [n for n in names if n not in BENCH_ENGINES]
     if bad or not names:
         raise ValueError(f"unknown engine {', '.join(bad) or repr(spec)}; valid engines: "
@@ -154,6 +181,191 @@ def run_minillm(engine: str | EngineConfig, workload: Workload, weights, tokeniz
     if eng.spec_stats is not None:  # acceptance_rate, mean_accepted_tokens, tokens_per_target_forward, ...
         result.extra.update(eng.spec_stats.as_dict())
     return result
+
+
+# -- vLLM, side by side (another Python, a subprocess) ------------------------------------
+
+VLLM_INSTALL_HINT = ("run `make peer-vllm` (a CPU build of vLLM in .venv-vllm, about 3.5 GB, 5 minutes) or set "
+                     "MINILLM_VLLM_PYTHON to a Python that can import vllm")
+VLLM_PEER = Path(__file__).with_name("vllm_peer.py")
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def _imports_vllm(python: str) -> bool:
+    """Whether ``python`` runs and finds the vllm package (found, not imported: that takes seconds)."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def find_vllm_python() -> str:
+    """A Python that can import vllm: $MINILLM_VLLM_PYTHON (when set, the only one tried), else
+    ``.venv-vllm/bin/python`` at the repository root, else this Python if it has vllm.
+
+    Raises ``VllmNotFound`` (one line: how to get one) when there is none."""
+    given = os.environ.get("MINILLM_VLLM_PYTHON")
+    if given:
+        if _imports_vllm(given):
+            return given
+        raise VllmNotFound(f"MINILLM_VLLM_PYTHON={given} cannot import vllm: point it at a Python that can, or "
+                           "unset it and run `make peer-vllm` (a CPU build of vLLM in .venv-vllm, about 3.5 GB)")
+    local = repo_root() / ".venv-vllm" / "bin" / "python"
+    if local.exists() and _imports_vllm(str(local)):
+        return str(local)
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    raise VllmNotFound(f"vLLM is not installed: {VLLM_INSTALL_HINT}")
+
+
+class VllmNotFound(RuntimeError):
+    """No Python that can import vllm: the message says how to get one."""
+
+
+class VllmFailed(RuntimeError):
+    """The vLLM run failed: the message ends with the last lines of its log."""
+
+
+def vllm_env(threads: int | None = None) -> dict[str, str]:
+    """The environment bench gives vLLM (for all but OMP_NUM_THREADS, a variable already set in ours wins):
+
+    * ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core runs in the runner's process,
+      as minillm's engine runs in bench's. By default vLLM starts an engine-core process
+      and (on the CPU) a worker process, and its auto binding keeps a core for the
+      scheduler: on a machine with few cores that extra process competes with the model.
+    * ``VLLM_CPU_OMP_THREADS_BIND=nobind`` and ``OMP_NUM_THREADS`` = minillm's torch threads
+      (``--threads``, else torch's count here): vLLM computes with as many threads as minillm,
+      unpinned like minillm's. (``auto``, vLLM's default, pins one thread per physical core
+      of a NUMA node and reserves one for the scheduler.)
+    * The KV cache is not set here (``VLLM_CPU_KVCACHE_SPACE``, GiB): the runner passes
+      ``kv_cache_memory_bytes``, the bytes of minillm's contiguous engine. Setting
+      ``VLLM_CPU_KVCACHE_SPACE`` overrides it.
+    * Offline (``HF_HUB_OFFLINE``), no usage reports, log level WARNING.
+    """
+    import torch
+
+    want = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {k: os.environ.get(k, v) for k, v in want.items()}
+    env["OMP_NUM_THREADS"] = str(threads or torch.get_num_threads())  # minillm's count (it read ours already)
+    return env
+
+
+VLLM_ENV_RECORDED = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS",
+                     "VLLM_CPU_KVCACHE_SPACE")
+
+
+def vllm_model_dir(dummy_weights: bool = False) -> Path:
+    """A Hugging Face model folder of the model (config, safetensors, tokenizer), for vLLM.
+
+    Written once by transformers' ``save_pretrained`` from the weights minillm loads from the
+    GGUF (and the GGUF's tokenizer) into $MINILLM_CACHE (default ~/.cache/minillm), named
+    after the GGUF file's version; later runs reuse it. ``dummy_weights``: minillm's seeded
+    dummy weights, no tokenizer."""
+    import hashlib
+
+    from minillm import loader
+    from minillm.config import ModelConfig
+
+    if dummy_weights:
+        name = "hf-dummy-seed0"
+    else:
+        gguf = loader.find_gguf()
+        st = gguf.stat()
+        key = hashlib.sha1(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+        name = f"hf-{gguf.stem}-{key}"
+    folder = loader.cache_dir() / name
+    if (folder / "minillm-source.json").is_file():  # written last: the folder is complete
+        return folder
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    # minillm's own float32 weights under transformers' Llama names (a model transformers loads
+    # from the GGUF keeps a quantization tag and refuses save_pretrained).
+    if dummy_weights:
+        cfg = ModelConfig()
+        weights, tokenizer, source = loader.dummy_weights(cfg), None, "minillm dummy weights, seed 0"
+    else:
+        cfg = loader.read_config(gguf)
+        weights, tokenizer, source = loader.load_weights(gguf), loader.load_tokenizer(gguf), str(gguf)
+    model = loader.hf_model_from_weights(weights, cfg)
+    print(f"writing a Hugging Face copy of the model for vLLM to {folder} (once)", file=sys.stderr)
+    import shutil
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    (tmp / "minillm-source.json").write_text(json.dumps({"source": source}))
+    try:
+        tmp.rename(folder)
+    except OSError:  # another run wrote it first
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (folder / "minillm-source.json").is_file():
+            raise
+    return folder
+
+
+def run_vllm(workload: Workload, *, model_dir: str | os.PathLike, dtype: str, max_num_seqs: int,
+             max_model_len: int, max_num_batched_tokens: int, kv_cache_memory_bytes: int | None = None,
+             python: str | None = None, threads: int | None = None, enforce_eager: bool = False,
+             skip_tokenizer_init: bool = False, progress: bool = False) -> RunResult:
+    """``workload`` through vLLM, in the Python ``find_vllm_python`` finds, via ``vllm_peer.py``.
+
+    Per request: its tokens and the time of each (TTFT, TPOT, ITL, E2E as for every engine).
+    What vLLM does not report here (its per-step batches: forward passes, slot utilization,
+    KV use per step, preemptions) is None in the result, not estimated."""
+    import tempfile
+
+    python = python or find_vllm_python()
+    reqs = list(workload)
+    job = dict(model=str(model_dir), dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+               max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory_bytes=kv_cache_memory_bytes,
+               enforce_eager=enforce_eager, skip_tokenizer_init=skip_tokenizer_init, seed=0,
+               requests=[dict(prompt_token_ids=list(r.prompt_token_ids), max_tokens=r.max_tokens,
+                              arrival_time=r.arrival_time) for r in reqs])
+    env = {**os.environ, **vllm_env(threads)}
+    with tempfile.TemporaryDirectory(prefix="minillm-vllm-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job_path.write_text(json.dumps(job))
+        if progress:
+            print(f"vllm: {python} {VLLM_PEER.name} ({len(reqs)} requests)", file=sys.stderr, flush=True)
+        proc = subprocess.Popen([python, str(VLLM_PEER), str(job_path), str(out_path)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp)
+        tail: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:  # vLLM's own log, passed on (to stderr: stdout is the table)
+            tail = (tail + [line.rstrip()])[-30:]
+            if progress:
+                print(line, end="", file=sys.stderr, flush=True)
+        rc = proc.wait()
+        if rc != 0 or not out_path.is_file():
+            raise VllmFailed(f"vLLM ({python}) failed with exit status {rc}; the end of its log:\n" + "\n".join(tail))
+        got = json.loads(out_path.read_text())
+    metrics, outputs = [], []
+    for r in got["requests"]:
+        t = [float(x) for x in r["token_times"]]
+        metrics.append(RequestMetrics(arrival_time=r["arrival_time"], first_token_time=t[0] if t else None,
+                                      token_times=t, finish_time=r["finish_time"]))
+        outputs.append([int(x) for x in r["token_ids"]])
+    if len(outputs) != len(reqs):
+        raise VllmFailed(f"vLLM returned {len(outputs)} results for {len(reqs)} requests")
+    kv = got.get("kv_cache_bytes")
+    unknown = dict.fromkeys(("forward_passes", "slot_utilization", "mean_running", "kv_reserved_bytes_peak",
+                             "kv_used_bytes_peak", "kv_waste_fraction", "max_concurrency", "preemptions",
+                             "max_step_tokens", "decode_stall_steps", "prefill_tokens_requested",
+                             "prefix_hit_tokens", "prefill_tokens_computed", "prefix_hit_rate",
+                             "cached_blocks_peak"))
+    extra = {**unknown, "kv_reserved_bytes": kv, "vllm_version": got.get("vllm_version"),
+             "vllm_python": python, "vllm_device": got.get("device"), "vllm_dtype": got.get("dtype"),
+             "vllm_num_blocks": got.get("num_blocks"), "block_size": got.get("block_size"),
+             "vllm_enable_chunked_prefill": got.get("enable_chunked_prefill"),
+             "vllm_async_scheduling": got.get("async_scheduling"), "vllm_enforce_eager": got.get("enforce_eager"),
+             "vllm_env": {k: env[k] for k in VLLM_ENV_RECORDED if k in env}}
+    return RunResult("vllm", metrics, outputs, [], got["start"], got["end"], max_num_seqs, kv or 0,
+                     [len(r.prompt_token_ids) for r in reqs], extra=extra)
 
 
 # -- the paged KV cache's options ---------------------------------------------------------
@@ -234,12 +446,14 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                   block_size: int = 16, num_blocks: int | None = None,
                   attention_backend: str | None = None, enable_chunked_prefill: bool = False,
                   speculative: dict | None = None, enable_prefix_caching: bool = False,
-                  scheduling_policy: str = "fcfs", queue_timeouts: dict | None = None) -> list[RunResult]:
-    """Run ``engines`` one after the other on ``workload`` in this process.
+                  scheduling_policy: str = "fcfs", queue_timeouts: dict | None = None,
+                  dtype: str | None = None, threads: int | None = None,
+                  vllm_enforce_eager: bool = False) -> list[RunResult]:
+    """Run ``engines`` one after the other on ``workload`` in this process (vllm in a subprocess).
 
     ``speculative`` (the ``LLM(speculative=...)`` dict), ``enable_prefix_caching`` and
     ``scheduling_policy`` apply to the paged engine; ``queue_timeouts`` to every minillm
-    engine's per-class report."""
+    engine's per-class report. ``dtype`` (None: the device's) is every engine's dtype."""
     from minillm import loader
 
     check_settings(max_num_seqs, max_num_batched_tokens, max_model_len, None)
@@ -249,12 +463,15 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
     check_speculative(engines, speculative)
     check_paged_only(engines, "--enable-prefix-caching", enable_prefix_caching)
     check_paged_only(engines, "--scheduling-policy priority", scheduling_policy != "fcfs")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    vllm_python = find_vllm_python() if "vllm" in engines else None
     from minillm.config import ModelConfig
 
     # Resolve every engine's configuration now: a bad option fails before any weight loads.
     L = max_model_len or workload.default_max_model_len()
     configs = {name: EngineConfig(engine=name, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                  max_model_len=L, dummy_weights=dummy_weights,
+                                  max_model_len=L, dummy_weights=dummy_weights, dtype=dtype,
                                   enable_chunked_prefill=enable_chunked_prefill and name == "paged",
                                   speculative=speculative if name == "paged" else None,
                                   enable_prefix_caching=enable_prefix_caching and name == "paged",
@@ -281,6 +498,16 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                 else:
                     weights, tokenizer = loader.load_weights(), loader.load_tokenizer()
             res = run_minillm(configs[name], workload, weights, tokenizer, progress=progress)
+            res.extra["dtype"] = _dtype_name(configs[name].resolve(mcfg).placement.dtype)
+        elif name == "vllm":
+            place = configs["continuous"].resolve(mcfg).placement
+            # The KV memory of minillm's contiguous engine: max_num_seqs regions of max_model_len tokens.
+            kv_bytes = max_num_seqs * L * mcfg.kv_bytes_per_token(place.dtype.itemsize)
+            res = run_vllm(workload, model_dir=vllm_model_dir(dummy_weights), dtype=_dtype_name(place.dtype),
+                           max_num_seqs=max_num_seqs, max_model_len=L, max_num_batched_tokens=budget,
+                           kv_cache_memory_bytes=kv_bytes, python=vllm_python, threads=threads,
+                           enforce_eager=vllm_enforce_eager, skip_tokenizer_init=dummy_weights, progress=progress)
+            res.extra["dtype"] = res.extra["vllm_dtype"] or _dtype_name(place.dtype)
         else:
             from minillm.lab import hf_baselines
             if hf_model is None:
@@ -299,8 +526,11 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
             else:
                 res = hf_baselines.run_hf_continuous(hf_model, workload, max_num_seqs, budget, L, pad,
                                                      progress=progress)
+            res.extra["dtype"] = _dtype_name(hf_model.dtype)
         res.extra.update(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=L,
                          enable_chunked_prefill=enable_chunked_prefill)
+        if name == "vllm":  # what vLLM ran with (its V1 scheduler chunks long prompts by default)
+            res.extra["enable_chunked_prefill"] = res.extra.pop("vllm_enable_chunked_prefill")
         if name in configs:
             cfg = configs[name]
             res.extra.update(enable_prefix_caching=cfg.enable_prefix_caching,
@@ -309,6 +539,10 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
         if on_result:
             on_result(res)
     return results
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def same_tokens(results: Sequence[RunResult]) -> list[float]:
@@ -339,7 +573,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Poisson arrivals at this many requests/s; 0 = offline, all at t=0 (default)")
     p.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
                    help="tune the length mix, e.g. long_tokens=400 (repeatable)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads, vLLM's too (default: torch's choice)")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None,
+                   help="dtype of every engine, minillm, transformers and vLLM (default: the device's, "
+                        "float32 on the CPU, bfloat16 on CUDA)")
     p.add_argument("--dummy-weights", action="store_true", help="seeded random weights with the real config")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -365,6 +603,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--queue-timeout", action="append", default=[], metavar="CLASS=SECONDS",
                    help="queue timeout of a priority class, e.g. interactive=0.05 (repeatable; "
                         "defaults 0.05 / 0.2 / 1.0 s)")
+    v = p.add_argument_group("vLLM side by side (--engine ...,vllm; make peer-vllm)")
+    v.add_argument("--vllm-enforce-eager", action="store_true",
+                   help="run vLLM without torch.compile (its default compiles the model first: minutes on "
+                        "a small CPU, not part of the measured time)")
     return p
 
 
@@ -397,6 +639,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_speculative(engines, speculative)
         check_paged_only(engines, "--enable-prefix-caching", args.enable_prefix_caching)
         check_paged_only(engines, "--scheduling-policy priority", args.scheduling_policy != "fcfs")
+        if args.dtype is not None or args.attention_backend is not None:
+            from minillm import placement  # e.g. bfloat16 with the Triton backend on the CPU: rejected
+            placement.resolve(None, args.dtype, args.attention_backend)
+        if "vllm" in engines:
+            try:
+                find_vllm_python()
+            except VllmNotFound as e:  # one line, how to get it; no usage text
+                print(f"error: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
         timeouts = {}
         for kv in args.queue_timeout:
             if "=" not in kv:
@@ -448,9 +699,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 attention_backend=args.attention_backend,
                                 enable_chunked_prefill=args.enable_chunked_prefill, speculative=speculative,
                                 enable_prefix_caching=args.enable_prefix_caching,
-                                scheduling_policy=args.scheduling_policy, queue_timeouts=timeouts)
+                                scheduling_policy=args.scheduling_policy, queue_timeouts=timeouts,
+                                dtype=args.dtype, threads=args.threads,
+                                vllm_enforce_eager=args.vllm_enforce_eager)
     except ValueError as e:
         parser.error(str(e))
+    except VllmFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     for s, frac in zip(summaries, same_tokens(results)):
         s["same_tokens_as"] = {"engine": results[0].engine, "fraction": frac}
     import torch

@@ -1,0 +1,152 @@
+"""bench --dtype, and bench --engine vllm without vLLM: the one-line error, and the whole
+path (job file, result parsing, fields, same_tokens_as) through a stand-in for vLLM's Python."""
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from minillm.lab import bench
+
+TINY = ["--dummy-weights", "--workload", "uniform", "--num-requests", "2", "--workload-param", "prompt_len=8",
+        "--workload-param", "output_len=3", "--max-num-seqs", "2", "--no-progress", "--threads", "1"]
+
+
+def _no_run(monkeypatch):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the benchmark ran although vLLM is missing")
+
+    monkeypatch.setattr(bench, "run_benchmark", must_not_run)
+
+
+def test_no_vllm_is_one_line_and_status_2(tmp_path):
+    env = {**os.environ, "MINILLM_VLLM_PYTHON": str(tmp_path / "no-such-python"), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "minillm", "bench", "--engine", "continuous,vllm", *TINY],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "make peer-vllm" in lines[0] and "MINILLM_VLLM_PYTHON" in lines[0], r.stderr
+    assert r.stdout == ""
+
+
+def test_a_python_without_vllm_is_refused_before_the_run(monkeypatch, capsys):
+    monkeypatch.setenv("MINILLM_VLLM_PYTHON", sys.executable)  # this venv has no vllm (never a requirement)
+    if bench._imports_vllm(sys.executable):
+        pytest.skip("this Python has vllm")
+    _no_run(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--engine", "vllm", *TINY])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot import vllm" in err[0] and "make peer-vllm" in err[0]
+
+
+def _fake_python(path, record=None):
+    """A stand-in for vLLM's Python: answers the probe, and runs a job as vllm_peer.py would,
+    with tokens from $FAKE_VLLM_TOKENS (else 7s), 10 ms apart."""
+    path.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, os, sys, time
+        if sys.argv[1] == "-c":  # bench asks whether vllm can be imported
+            sys.exit(0)
+        job = json.load(open(sys.argv[2]))
+        if {str(record)!r} != "None":
+            json.dump({{"job": job, "env": dict(os.environ)}}, open({str(record)!r}, "w"))
+        given = json.loads(os.environ.get("FAKE_VLLM_TOKENS", "[]"))
+        start = 100.0
+        reqs = []
+        for i, r in enumerate(job["requests"]):
+            toks = given[i] if i < len(given) else [7] * r["max_tokens"]
+            times = [start + 0.05 + 0.01 * k for k in range(len(toks))]
+            reqs.append({{"token_ids": toks, "token_times": times, "finish_time": times[-1],
+                         "arrival_time": start + r["arrival_time"]}})
+        json.dump({{"vllm_version": "fake", "start": start, "end": max(r["finish_time"] for r in reqs),
+                   "requests": reqs, "dtype": job["dtype"], "device": "cpu", "num_blocks": 4, "block_size": 16,
+                   "kv_cache_bytes": 12345, "enable_chunked_prefill": True}}, open(sys.argv[3], "w"))
+        """))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_find_vllm_python_order(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(bench, "repo_root", lambda: tmp_path)
+    monkeypatch.delenv("MINILLM_VLLM_PYTHON", raising=False)
+    with pytest.raises(bench.VllmNotFound, match="vLLM is not installed: run `make peer-vllm`"):
+        bench.find_vllm_python()
+    local = tmp_path / ".venv-vllm" / "bin" / "python"
+    local.parent.mkdir(parents=True)
+    _fake_python(local)
+    assert bench.find_vllm_python() == str(local)
+    other = _fake_python(tmp_path / "other-python")
+    monkeypatch.setenv("MINILLM_VLLM_PYTHON", str(other))  # the variable comes first
+    assert bench.find_vllm_python() == str(other)
+
+
+def test_dtype_reaches_every_engine(tmp_path, monkeypatch):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from minillm import loader
+
+    def tiny_hf_model(weights, cfg, dtype=torch.float32):  # the baseline's dtype is the point, not its size
+        c = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=8, bos_token_id=cfg.bos_token_id,
+                        eos_token_id=cfg.eos_token_id, pad_token_id=cfg.eos_token_id)
+        return LlamaForCausalLM(c).to(dtype).eval()
+
+    monkeypatch.setattr(loader, "hf_model_from_weights", tiny_hf_model)
+    out = tmp_path / "b.json"
+    assert bench.main(["--engine", "continuous,hf-generate", *TINY, "--dtype", "bfloat16", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["continuous"]["dtype"] == "bfloat16" and got["hf-generate"]["dtype"] == "bfloat16"
+    assert got["continuous"]["output_tokens"] == 6
+
+
+def test_bf16_with_the_triton_backend_on_the_cpu_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--engine", "continuous", *TINY, "--dtype", "bfloat16", "--attention-backend", "triton"])
+    assert e.value.code == 2 and "bfloat16" in capsys.readouterr().err
+
+
+def test_vllm_result_through_a_fake_runner(tmp_path, monkeypatch, capsys):
+    """The job vLLM gets, and what bench makes of its answer: fields, None where unknown, same_tokens_as."""
+    from minillm.lab.workload import make_workload
+
+    record = tmp_path / "job-seen.json"
+    monkeypatch.setenv("MINILLM_VLLM_PYTHON", str(_fake_python(tmp_path / "fake-python", record)))
+    monkeypatch.setattr(bench, "vllm_model_dir", lambda dummy_weights=False: tmp_path / "model")
+    wl = make_workload("uniform", 2, 0, None, prompt_len=8, output_len=3)
+    ref = bench.run_benchmark(["continuous"], wl, max_num_seqs=2, dummy_weights=True, progress=False)[0]
+    # vLLM "agrees" on the first request only.
+    monkeypatch.setenv("FAKE_VLLM_TOKENS", json.dumps([ref.output_token_ids[0], [1, 2, 3]]))
+    out = tmp_path / "b.json"
+    assert bench.main(["--engine", "continuous,vllm", *TINY, "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    v, c = got["vllm"], got["continuous"]
+    assert v["same_tokens_as"] == {"engine": "continuous", "fraction": 0.5}
+    assert c["same_tokens_as"]["fraction"] == 1.0
+    assert v["dtype"] == c["dtype"] == "float32"
+    assert v["output_tokens"] == 6 and v["num_requests"] == 2 and v["vllm_version"] == "fake"
+    assert v["wall_s"] == pytest.approx(0.07) and v["output_tokens_per_s"] == pytest.approx(6 / 0.07)
+    assert v["ttft_s"]["p50"] == pytest.approx(0.05) and v["tpot_s"]["p50"] == pytest.approx(0.01)
+    assert v["kv_reserved_bytes"] == 12345
+    for unknown in ("forward_passes", "slot_utilization", "kv_used_bytes_peak", "kv_waste_fraction",
+                    "max_concurrency", "preemptions", "decode_stall_steps"):
+        assert v[unknown] is None, unknown
+    seen = json.loads(record.read_text())
+    job, env = seen["job"], seen["env"]
+    assert [r["prompt_token_ids"] for r in job["requests"]] == [r.prompt_token_ids for r in wl]
+    assert [r["max_tokens"] for r in job["requests"]] == [3, 3]
+    assert (job["max_num_seqs"], job["dtype"], job["max_model_len"]) == (2, "float32", c["max_model_len"])
+    assert job["model"] == str(tmp_path / "model") and job["skip_tokenizer_init"] is True
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and env["OMP_NUM_THREADS"] == "1"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "vllm" in capsys.readouterr().out  # the table has its row
