@@ -238,8 +238,8 @@ def vllm_env(threads: int | None = None) -> dict[str, str]:
       and (on the CPU) a worker process, and its auto binding keeps a core for the
       scheduler: on a machine with few cores that extra process competes with the model.
     * ``VLLM_CPU_OMP_THREADS_BIND=nobind`` and ``OMP_NUM_THREADS`` = minillm's torch threads
-      (``--threads``, else torch's count here): vLLM computes with as many threads as minillm,
-      unpinned like minillm's. (``auto``, vLLM's default, pins one thread per physical core
+      (``--threads``, else torch's count before the first engine ran): vLLM computes with
+      as many threads as minillm at most, unpinned like minillm's. (``auto``, vLLM's default, pins one thread per physical core
       of a NUMA node and reserves one for the scheduler.)
     * The KV cache is not set here (``VLLM_CPU_KVCACHE_SPACE``, GiB): the runner passes
       ``kv_cache_memory_bytes``, the bytes of minillm's contiguous engine. Setting
@@ -466,6 +466,9 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     vllm_python = find_vllm_python() if "vllm" in engines else None
+    if threads is None:  # vLLM's thread count: torch's now, before an engine's governor changes it
+        import torch
+        threads = torch.get_num_threads()
     from minillm.config import ModelConfig
 
     # Resolve every engine's configuration now: a bad option fails before any weight loads.
