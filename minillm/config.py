@@ -214,6 +214,9 @@ class EngineConfig:
     enable_prefix_caching: bool = False  # paged: share the K/V blocks of equal prompt prefixes (chapter 6)
     scheduling_policy: str = "fcfs"  # paged: "fcfs" or "priority" (classes, queue timeouts; chapter 6)
     queue_timeouts: dict | None = None  # class -> seconds; None = DEFAULT_QUEUE_TIMEOUTS
+    # CPU threads: "auto" follows the cores other programs leave free (minillm/threads.py),
+    # an integer fixes torch's count, None leaves it alone. Ignored on CUDA.
+    cpu_threads: int | str | None = "auto"
 
     def __post_init__(self) -> None:
         self._check()
@@ -231,6 +234,9 @@ class EngineConfig:
 
     def _check(self) -> None:
         check_bool_fields(self)
+        from .threads import check_cpu_threads
+
+        check_cpu_threads(self.cpu_threads)
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; valid engines: {', '.join(ENGINES)}")
         check_seed("seed", self.seed, ENGINE_SEED_LIMIT,

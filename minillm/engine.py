@@ -26,6 +26,7 @@ from .model_runner import ModelOutput, ModelRunner
 from .request import FinishReason, Request, RequestMetrics
 from .sampling import SamplingParams, sample_at
 from .scheduler import Scheduler, SchedulerOutput, build_scheduler
+from .threads import make_governor
 
 
 @dataclass(slots=True)
@@ -65,6 +66,9 @@ class LLMEngine:
         self._empty_steps = 0  # consecutive steps that scheduled nothing with requests ready (livelock check)
         self._ids = itertools.count()
         self._seed_counter = itertools.count()
+        # CPU threads that follow the cores other programs leave free (threads.py); None on
+        # CUDA, with a fixed count, and for the simulator's cost-model runner.
+        self.threads = make_governor(config.cpu_threads, self.device) if self.model is not None else None
 
     # -- requests -------------------------------------------------------------
     def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
@@ -138,6 +142,8 @@ class LLMEngine:
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[Request]:
         """schedule -> (propose drafts) -> forward -> sample or verify -> update. Returns finished requests."""
+        if self.threads is not None:
+            self.threads.tick()
         start = self.clock.now()
         out: SchedulerOutput = self.scheduler.schedule()
         if not out.rows:  # nothing has arrived yet, or everything waits
