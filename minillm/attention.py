@@ -101,14 +101,74 @@ def _row_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadat
     return k.transpose(0, 1), v.transpose(0, 1)
 
 
+# Decode rows that attend together in one SDPA call (``decode_groups``): a group pays one
+# call instead of one per row, and pads every row to the group's longest context. Padding
+# costs a gather and attention over masked keys; a call costs tens of microseconds of
+# dispatch, about what a couple of hundred keys of padding cost. A row joins the group
+# before it while the padding stays under this many keys, or a quarter of the real ones.
+GROUP_PAD_KEYS = 256
+
+
+def decode_groups(query_lens: list[int], context_lens: list[int], pad_keys: int = GROUP_PAD_KEYS):
+    """Runs of adjacent decode rows that attend in one call: [(first row, rows, longest context)].
+
+    Rows with more than one query (prefill, chunks, drafts) are never grouped. Adjacent
+    rows only, so a group's queries, outputs, block tables and lengths are slices of the
+    step's tensors (no index to upload). A run is split where padding to its longest
+    context would cost more than ``pad_keys`` keys and a quarter of its real ones.
+    """
+    groups = []
+    start, longest, real = None, 0, 0
+    for b, (n, ctx) in enumerate(zip(query_lens, context_lens)):
+        if n == 1 and start is not None:
+            g = b - start + 1
+            L = max(longest, ctx)
+            if g * L - (real + ctx) <= max(pad_keys, (real + ctx) // 4):
+                longest, real = L, real + ctx
+                continue
+        if start is not None:
+            groups.append((start, b - start, longest))
+            start = None
+        if n == 1:
+            start, longest, real = b, ctx, ctx
+    if start is not None:
+        groups.append((start, len(query_lens) - start, longest))
+    return groups
+
+
+def _group_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, b0: int, g: int, L: int):
+    """K, V [g, Hkv, L, D] of rows b0 .. b0+g-1 padded to L keys, and the mask of real keys [g, 1, 1, L].
+
+    Padding keys repeat the row's last real key (a valid slot), and the mask hides them.
+    The slots and the mask are built once per step on the device (from the uploaded block
+    tables and context lengths) and reused by every layer.
+    """
+    key = ("group", b0)
+    plan = meta.plan
+    if key not in plan:
+        ctx = meta.context_lens[b0:b0 + g].long()  # [g]
+        pos = torch.arange(L, device=k_cache.device)
+        clamped = torch.minimum(pos[None, :], ctx[:, None] - 1)  # [g, L]
+        slots = _gather_slots(meta.block_tables[b0:b0 + g], clamped, meta.block_size).reshape(-1)
+        plan[key] = (slots, (pos[None, :] < ctx[:, None])[:, None, None, :])
+    slots, mask = plan[key]
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    k = k_cache.view(-1, Hkv, D).index_select(0, slots).view(g, L, Hkv, D).transpose(1, 2)
+    v = v_cache.view(-1, Hkv, D).index_select(0, slots).view(g, L, Hkv, D).transpose(1, 2)
+    return k, v, mask
+
+
 def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Readable paged attention: each sequence attends to exactly its own cached keys.
 
-    q: [T, Hq, D] -> out [T, Hq, D]. One SDPA call per sequence: no padding to the
-    longest context, and a row computes the same thing whatever else is in the batch.
-    A decode row (one query) needs no mask; a multi-token row (prefill, a prefill
-    chunk, speculative verification) gets the causal mask shifted by its context offset.
+    q: [T, Hq, D] -> out [T, Hq, D]. A decode row (one query) needs no causal mask; a
+    multi-token row (prefill, a prefill chunk, speculative verification) gets the causal
+    mask shifted by its context offset, in an SDPA call of its own, over exactly its
+    context. Adjacent decode rows of similar length share one call (``decode_groups``),
+    each padded to the group's longest context with the padding masked out: the same
+    attention, in one call instead of one per row (what a decode step of many short
+    requests spends its time on). A lone decode row attends over exactly its keys.
     """
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -116,10 +176,24 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q)
     starts = meta.query_start_loc_list
     decode_seam = seams.plugged("paged_decode_attention")  # a learner's decode attention (chapter 3)
+    grouped: dict[int, tuple[int, int]] = {}
+    if decode_seam is None:
+        if "groups" not in meta.plan:
+            meta.plan["groups"] = decode_groups(meta.query_lens_list, meta.context_lens_list)
+        grouped = {b0: (g, L) for b0, g, L in meta.plan["groups"] if g > 1}
+    skip_to = 0
     for b, (n, ctx) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):
-        if n == 0:
+        if n == 0 or b < skip_to:
             continue
         s = starts[b]
+        if b in grouped:
+            g, L = grouped[b]
+            k, v, mask = _group_kv(k_cache, v_cache, meta, b, g, L)  # [g, Hkv, L, D]
+            qg = q[s:s + g].view(g, Hkv, group, D)
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)  # [g, Hkv, group, D]
+            out[s:s + g] = o.view(g, Hq, D)
+            skip_to = b + g
+            continue
         if n == 1 and decode_seam is not None:
             if meta.block_tables_list is None:
                 meta.block_tables_list = meta.block_tables.tolist()
