@@ -1,12 +1,15 @@
 """Placement: the one place that decides device, dtype and attention backend.
 
 Rules: CUDA when present (bf16, Triton kernels); otherwise the CPU in fp32 with the
-readable torch attention. The Triton backend also runs on the CPU under the Triton
+readable torch attention. bf16 on the CPU is an option (``dtype="bfloat16"``): faster than
+fp32 where the CPU has bf16 matrix instructions (AVX512-BF16, AMX), several times slower
+where it has not (a warning says so); greedy tokens agree with fp32 only up to a point. The Triton backend also runs on the CPU under the Triton
 interpreter (TRITON_INTERPRET=1), which is slow and meant for checking, not speed.
 """
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +52,27 @@ def resolve(device: str | None = None, dtype: str | None = None,
             )
         if dtype == "bfloat16":
             raise ValueError("the Triton interpreter is only correct in float32/float16, not bfloat16")
+    if dev.type == "cpu" and dtype == "bfloat16" and not cpu_has_bf16_matmul():
+        warnings.warn(
+            "dtype='bfloat16' on a CPU without bf16 matrix instructions (AVX512-BF16 or AMX): the matmuls "
+            "convert every weight to float32 on the fly and run several times slower than float32 "
+            "(python -m minillm.lab.profile_step --dtype bfloat16 shows by how much). Use dtype='float32' here.",
+            stacklevel=3)
     return Placement(dev, _DTYPES[dtype], attention_backend)
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX), where bf16 halves the
+    bytes a decode step reads and runs faster than float32; elsewhere bf16 is emulated."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = f.read()
+        except OSError:
+            return False
+        return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def synchronize(device: torch.device) -> None:
