@@ -133,7 +133,7 @@ def test_vllm_result_through_a_fake_runner(tmp_path, monkeypatch, capsys):
     assert bench.main(["--engine", "continuous,vllm", *TINY, "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     v, c = got["vllm"], got["continuous"]
-    assert v["same_tokens_as"] == {"engine": "continuous", "fraction": 0.5}
+    assert v["same_tokens_as"] == {"engine": "continuous", "fraction": 0.5, "first_difference": [None, 0]}
     assert c["same_tokens_as"]["fraction"] == 1.0
     assert v["dtype"] == c["dtype"] == "float32"
     assert v["output_tokens"] == 6 and v["num_requests"] == 2 and v["vllm_version"] == "fake"

@@ -41,7 +41,8 @@ has at least: engine, workload, num_requests, output_tokens, wall_s,
 output_tokens_per_s, forward_passes, slot_utilization, ttft_s / tpot_s / itl_s / e2e_s
 ({p50, p95, p99}), kv_reserved_bytes (KV memory the engine allocated),
 kv_used_bytes_peak; plus the settings it ran with and ``same_tokens_as``, the fraction
-of requests whose tokens equal those of the first engine listed.
+of requests whose tokens equal those of the first engine listed (below 1, with
+``first_difference``: per request, the index of the first token that differs, or null).
 
 KV memory (definitions in summary.py), in every minillm result: kv_waste_fraction
 (reserved-but-unused share of the KV the running requests hold, time-averaged),
@@ -554,6 +555,20 @@ def same_tokens(results: Sequence[RunResult]) -> list[float]:
     return [sum(a == b for a, b in zip(ref, r.output_token_ids)) / len(ref) for r in results]
 
 
+def first_differences(ref: Sequence[Sequence[int]], got: Sequence[Sequence[int]]) -> list[int | None]:
+    """Per request, the index of the first output token that differs from ``ref`` (None: equal).
+
+    Greedy runs in a low-precision dtype part where two tokens are nearly tied; how late
+    they part says more than whether they do."""
+    out: list[int | None] = []
+    for a, b in zip(ref, got):
+        if list(a) == list(b):
+            out.append(None)
+        else:
+            out.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minillm bench",
@@ -710,8 +725,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except VllmFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    for s, frac in zip(summaries, same_tokens(results)):
+    for s, frac, res in zip(summaries, same_tokens(results), results):
         s["same_tokens_as"] = {"engine": results[0].engine, "fraction": frac}
+        if frac < 1.0:
+            s["same_tokens_as"]["first_difference"] = first_differences(results[0].output_token_ids,
+                                                                        res.output_token_ids)
     import torch
     for s in summaries:
         s["torch_threads"] = torch.get_num_threads()
