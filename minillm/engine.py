@@ -172,7 +172,7 @@ class LLMEngine:
         reqs = [out.rows[i].request for i in model_out.rows]
         # Each token lands at index r.num_tokens of its request: its noise comes from there.
         tokens = sample_at(model_out.logits, [r.sampling_params for r in reqs], [r.seed for r in reqs],
-                           [r.num_tokens for r in reqs], [r.generator for r in reqs])
+                           [r.num_tokens for r in reqs], [r.generator for r in reqs], model_out.sampling_table)
         return {i: [t] for i, t in zip(model_out.rows, tokens.tolist())}  # .tolist(): the step's one host read
 
     @property

@@ -23,6 +23,7 @@ from .attention import AttentionMetadata
 from .block_manager import slots_for  # token position -> cache slot through a block table
 from .config import ModelConfig
 from .request import Request
+from .sampling import param_table_bits
 from .scheduler.output import ScheduledRequest, SchedulerOutput
 
 
@@ -37,6 +38,9 @@ class StepBatch:
     rows: list[int]  # index in ``out.rows`` of every row that samples, in order
     offsets: list[int]  # where each of those rows' logits start in the [S] logits
     token_starts: list[int]  # where each of those rows' first logits token sits in [T]
+    # [len(rows), 3] float64 on the device: each sampling row's (temperature, top_k, top_p),
+    # part of the step's one upload (``sampling.param_table_values``); read by ``compute_probs``.
+    sampling_table: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -55,6 +59,7 @@ class ModelOutput:
     # verifier reads them from the device instead of uploading them again.
     input_ids: torch.Tensor | None = None
     token_starts: list[int] | None = None
+    sampling_table: torch.Tensor | None = None  # [len(rows), 3] float64, see StepBatch
 
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device,
@@ -75,9 +80,10 @@ def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.dev
     A row that samples gets logits at its last token, or at its last 1 + len(spec_token_ids)
     tokens when it carries drafts (the k + 1 distributions that verify k drafts).
 
-    Every integer of the step goes into one host buffer, laid out as
+    Every number of the step goes into one host buffer of int64, laid out as
     ``input_ids | positions | slot_mapping | logits_index | query_start_loc | context_lens |
-    block_tables``; one copy moves it to the device (from pinned memory, without blocking,
+    block_tables | sampling table`` (the sampling rows' temperature, top_k and top_p as the
+    bits of float64s, viewed back as float64 on the device); one copy moves it to the device (from pinned memory, without blocking,
     on CUDA) and the tensors the model reads are views of it. Each separate small copy
     costs a launch and, from pageable memory, a wait for the device: a decode step of a
     small model is short enough that a handful of them shows in the step time. The host
@@ -113,10 +119,17 @@ def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.dev
     flat = ids + pos + slots + logits_index + qstart + ctx
     for t in tables:
         flat.extend(t)
+    # The sampling rows' parameters (a drafter's sequences have none: they sample their own way)
+    params = [getattr(rows[i].request, "sampling_params", None) for i in sample_rows]
+    with_table = all(p is not None for p in params)
+    if with_table:
+        flat.extend(param_table_bits(params))
     buf = upload(flat, torch.long, device)
     cuts = [T, T, T, S, B + 1, B]
     input_ids, positions, slot_mapping, li, qsl, cl = buf[:sum(cuts)].split(cuts)
-    bt = buf[sum(cuts):].view(B, width)
+    end = sum(cuts) + B * width
+    bt = buf[sum(cuts):end].view(B, width)
+    sampling_table = buf[end:].view(torch.float64).view(len(sample_rows), 3) if with_table else None
     meta = AttentionMetadata(
         slot_mapping=slot_mapping,
         block_tables=bt.to(torch.int32),
@@ -129,7 +142,7 @@ def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.dev
         block_tables_list=tables,
     )
     return StepBatch(input_ids, positions, meta, li, sample_rows, offsets,
-                     [qstart[i + 1] - rows[i].num_logits for i in sample_rows])
+                     [qstart[i + 1] - rows[i].num_logits for i in sample_rows], sampling_table)
 
 
 def upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -170,10 +183,10 @@ class ModelRunner:
         b = build_batch(out.rows, self.block_size, self.device)
         if self.graphs is not None and self.graphs.can_replay(out, b):
             logits = self.graphs.replay(b)
-            return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts)
+            return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts, b.sampling_table)
         hidden = self.model(b.input_ids, b.positions, b.meta, self.kv_caches)  # [T, hidden]
         logits = self.model.compute_logits(hidden[b.logits_index])  # [S, V]
-        return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts)
+        return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts, b.sampling_table)
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:

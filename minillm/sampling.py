@@ -10,6 +10,7 @@ Temperature 0 means greedy (argmax), with no randomness at all.
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -111,20 +112,38 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def compute_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+def param_table_values(params: Sequence[SamplingParams]) -> list[float]:
+    """(temperature, top_k, top_p) per row, flat: the table ``compute_probs`` reads.
+
+    top_k and 0/1 are exact in float64, and float32(float64(x)) is the float32 that
+    torch.tensor([x]) would give. A greedy row's temperature is 1 (it is never divided by 0).
+    """
+    out: list[float] = []
+    for p in params:
+        out += [p.temperature if not p.greedy else 1.0, float(p.top_k), p.top_p]
+    return out
+
+
+def param_table_bits(params: Sequence[SamplingParams]) -> list[int]:
+    """``param_table_values`` as the int64 bit patterns of its float64s, to travel in an int64 upload."""
+    return array("q", array("d", param_table_values(params)).tobytes()).tolist()
+
+
+def compute_probs(logits: torch.Tensor, params: Sequence[SamplingParams],
+                  table: torch.Tensor | None = None) -> torch.Tensor:
     """The exact distribution each row samples from: [B, V] float32.
 
     Greedy rows get a one-hot on the argmax, so speculative decoding can treat greedy
-    as the temperature-0 case of the same rule.
+    as the temperature-0 case of the same rule. ``table``: the rows' (temperature, top_k,
+    top_p) already on the device ([B, 3] float64, the engine's step upload carries it);
+    None uploads it here.
     """
     logits = logits.float()
     dev = logits.device
-    # One upload for every per-row parameter (top_k and 0/1 are exact in float64, and
-    # float32(float64(x)) is the float32 that torch.tensor([x]) would give), and the
-    # greedy check on the host: no step waits on the device here.
-    table = torch.tensor([[p.temperature if not p.greedy else 1.0, p.top_k, p.top_p] for p in params],
-                         dtype=torch.float64).reshape(-1, 3)
-    table = table.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else table
+    # The greedy check on the host: no step waits on the device here.
+    if table is None:
+        table = torch.tensor(param_table_values(params), dtype=torch.float64).reshape(-1, 3)
+        table = table.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else table
     temp, top_k, top_p = table[:, 0].float(), table[:, 1].long(), table[:, 2].float()
     scaled = logits / temp[:, None]
     if any(p.top_k != -1 or p.top_p < 1.0 for p in params):
@@ -261,11 +280,13 @@ def sample_from_probs_at(probs: torch.Tensor, seeds: Sequence[int | None], posit
 
 
 def sample_at(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequence[int | None],
-              positions: Sequence[int], generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+              positions: Sequence[int], generators: Sequence[torch.Generator | None] | None = None,
+              table: torch.Tensor | None = None) -> torch.Tensor:
     """The engine's sampler: logits [B, V] -> tokens [B], row b landing at ``positions[b]`` of its request.
 
     Greedy rows take the argmax and draw nothing; the others are
-    argmax(probs / E) with E = ``position_noise(seeds[b], [positions[b]])``.
+    argmax(probs / E) with E = ``position_noise(seeds[b], [positions[b]])``. ``table``: the
+    rows' parameters on the device (``compute_probs``), or None.
     """
     out = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -273,9 +294,10 @@ def sample_at(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Seq
         return out
     gens = None if generators is None else [generators[i] for i in rows]
     if len(rows) == len(params):  # nobody greedy: no rows to pick out
-        return sample_from_probs_at(compute_probs(logits, params), seeds, positions, gens)
+        return sample_from_probs_at(compute_probs(logits, params, table), seeds, positions, gens)
     # Rows picked by slicing with host integers: a list index would upload an index tensor.
-    probs = compute_probs(torch.stack([logits[i] for i in rows]), [params[i] for i in rows])
+    sub = None if table is None else torch.stack([table[i] for i in rows])
+    probs = compute_probs(torch.stack([logits[i] for i in rows]), [params[i] for i in rows], sub)
     tokens = sample_from_probs_at(probs, [seeds[i] for i in rows], [positions[i] for i in rows], gens)
     for j, i in enumerate(rows):
         out[i] = tokens[j]
