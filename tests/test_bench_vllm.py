@@ -152,3 +152,43 @@ def test_vllm_result_through_a_fake_runner(tmp_path, monkeypatch, capsys):
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and env["OMP_NUM_THREADS"] == "1"
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert "vllm" in capsys.readouterr().out  # the table has its row
+
+
+def test_peer_replay_loop_with_a_fake_engine(capsys):
+    """vllm_peer.run: arrivals in order, delta outputs gathered per request (ids vLLM suffixes), times."""
+    import importlib.util
+    from types import SimpleNamespace as NS
+
+    spec = importlib.util.spec_from_file_location("vllm_peer", bench.VLLM_PEER)
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)  # stdlib only at import: vllm is imported inside main()
+
+    class FakeEngine:  # one token per running request per step, ids suffixed as vLLM does
+        def __init__(self):
+            self.live = {}
+
+        def add_request(self, rid, prompt, params):
+            self.live[rid + "-abcd1234"] = [len(prompt["prompt_token_ids"]), params]
+
+        def has_unfinished_requests(self):
+            return bool(self.live)
+
+        def step(self):
+            outs = []
+            for rid, st in list(self.live.items()):
+                st[0] += 1
+                st[1] -= 1
+                outs.append(NS(request_id=rid, outputs=[NS(token_ids=[st[0]])], finished=st[1] == 0))
+                if st[1] == 0:
+                    del self.live[rid]
+            return outs
+
+    clock = iter(range(1000))
+    reqs = [{"prompt_token_ids": [5, 6], "max_tokens": 3, "arrival_time": 0.0},
+            {"prompt_token_ids": [7], "max_tokens": 1, "arrival_time": 0.0}]
+    start, end, recs = peer.run(FakeEngine(), reqs, lambda r: r["max_tokens"], now=lambda: float(next(clock)),
+                                heartbeat_s=1.0)
+    assert "vllm: 4/4 tokens" in capsys.readouterr().err
+    assert [r["token_ids"] for r in recs] == [[3, 4, 5], [2]]
+    assert len(recs[0]["token_times"]) == 3 and recs[0]["finish_time"] == recs[0]["token_times"][-1] == end
+    assert recs[1]["finish_time"] == recs[1]["token_times"][0] < end and recs[0]["arrival_time"] == start

@@ -325,6 +325,7 @@ def run_vllm(workload: Workload, *, model_dir: str | os.PathLike, dtype: str, ma
     job = dict(model=str(model_dir), dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory_bytes=kv_cache_memory_bytes,
                enforce_eager=enforce_eager, skip_tokenizer_init=skip_tokenizer_init, seed=0,
+               heartbeat_s=30.0 if progress else None,
                requests=[dict(prompt_token_ids=list(r.prompt_token_ids), max_tokens=r.max_tokens,
                               arrival_time=r.arrival_time) for r in reqs])
     env = {**os.environ, **vllm_env(threads)}

@@ -55,8 +55,11 @@ def _engine_settings(llm) -> dict:
     return out
 
 
-def run(engine, requests: list[dict], params_for, now=time.perf_counter) -> tuple[float, float, list[dict]]:
-    """Replay ``requests`` through ``engine`` (a vLLM LLMEngine); per request its tokens and times."""
+def run(engine, requests: list[dict], params_for, now=time.perf_counter,
+        heartbeat_s: float | None = None) -> tuple[float, float, list[dict]]:
+    """Replay ``requests`` through ``engine`` (a vLLM LLMEngine); per request its tokens and times.
+
+    ``heartbeat_s``: print the tokens done so far to stderr every that many seconds."""
     recs = [{"token_ids": [], "token_times": [], "finish_time": None} for _ in requests]
     ids = {f"req{i}": i for i in range(len(requests))}
     order = sorted(range(len(requests)), key=lambda i: requests[i].get("arrival_time", 0.0))
@@ -64,6 +67,7 @@ def run(engine, requests: list[dict], params_for, now=time.perf_counter) -> tupl
     for i, r in enumerate(requests):
         recs[i]["arrival_time"] = start + r.get("arrival_time", 0.0)
     nxt = 0
+    total, done, last_beat = sum(r["max_tokens"] for r in requests), 0, start
     while nxt < len(order) or engine.has_unfinished_requests():
         t = now()
         while nxt < len(order) and recs[order[nxt]]["arrival_time"] <= t:
@@ -84,8 +88,12 @@ def run(engine, requests: list[dict], params_for, now=time.perf_counter) -> tupl
             new = [tok for c in o.outputs[:1] for tok in c.token_ids]
             recs[i]["token_ids"].extend(new)
             recs[i]["token_times"].extend([t] * len(new))
+            done += len(new)
             if o.finished:
                 recs[i]["finish_time"] = t
+        if heartbeat_s and t - last_beat >= heartbeat_s:
+            print(f"vllm: {done}/{total} tokens, {t - start:.0f} s", file=sys.stderr, flush=True)
+            last_beat = t
     end = max((r["finish_time"] or start for r in recs), default=start)
     return start, end, recs
 
@@ -116,7 +124,7 @@ def main(argv: list[str]) -> int:
 
     # Warm up (first-call allocations, compilation), outside the measurement, as minillm does.
     run(engine, [{"prompt_token_ids": [1, 2, 3, 4], "max_tokens": 2}], params_for)
-    start, end, recs = run(engine, job["requests"], params_for)
+    start, end, recs = run(engine, job["requests"], params_for, heartbeat_s=job.get("heartbeat_s"))
     result = {"vllm_version": vllm.__version__, "start": start, "end": end, "requests": recs,
               **_engine_settings(llm)}
     with open(argv[2], "w") as f:
