@@ -195,12 +195,13 @@ def test_timeline_lanes_show_held_slots():
 def test_parse_engines():
     assert bench.parse_engines("all") == ["static", "continuous", "paged", "hf-generate", "hf-continuous"]
     assert bench.parse_engines("continuous, static") == ["continuous", "static"]
-    with pytest.raises(ValueError, match="valid engines: static, continuous, paged, hf-generate, hf-continuous"):
-        bench.parse_engines("continuous,vllm")
+    assert bench.parse_engines("continuous,vllm") == ["continuous", "vllm"]  # a peer: named, never in 'all'
+    with pytest.raises(ValueError, match="valid engines: static, continuous, paged, hf-generate, hf-continuous, vllm"):
+        bench.parse_engines("continuous,sglang")
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--engine", "vllm"], "valid engines"),
+    (["--engine", "sglang"], "valid engines"),
     (["--workload", "bursty"], "invalid choice"),
     (["--max-num-seqs", "0"], "max_num_seqs must be an integer >= 1"),
     (["--max-num-batched-tokens", "0"], "at least one token"),
