@@ -176,11 +176,12 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q)
     starts = meta.query_start_loc_list
     decode_seam = seams.plugged("paged_decode_attention")  # a learner's decode attention (chapter 3)
-    grouped: dict[int, tuple[int, int]] = {}
+    grouped: dict[int, tuple[int, int]] = {}  # first row -> (rows, longest context), planned once per step
     if decode_seam is None:
         if "groups" not in meta.plan:
-            meta.plan["groups"] = decode_groups(meta.query_lens_list, meta.context_lens_list)
-        grouped = {b0: (g, L) for b0, g, L in meta.plan["groups"] if g > 1}
+            meta.plan["groups"] = {b0: (g, L) for b0, g, L in
+                                   decode_groups(meta.query_lens_list, meta.context_lens_list) if g > 1}
+        grouped = meta.plan["groups"]
     skip_to = 0
     for b, (n, ctx) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):
         if n == 0 or b < skip_to:

@@ -13,7 +13,7 @@ import torch
 from minillm import placement
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine import build_engine
-from minillm.lab.dtype_agreement import agreement, first_divergence
+from minillm.lab.dtype_agreement import agreement
 from minillm.sampling import SamplingParams
 
 TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -53,8 +53,7 @@ def test_bf16_warns_only_without_bf16_matmul(monkeypatch):
 
 
 def test_agreement_counts_tokens_before_the_first_difference():
-    assert first_divergence([1, 2, 3], [1, 2, 4]) == 2
-    assert first_divergence([1, 2], [1, 2, 3]) == 2
+    assert agreement([[1, 2, 3]], [[1, 2, 3, 4]])["agreeing_prefix_tokens"] == [3]
     ag = agreement([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]])
     assert ag == {"requests": 2, "identical_requests": 1, "agreeing_prefix_tokens": [2, 2],
                   "agreeing_fraction": 4 / 6}

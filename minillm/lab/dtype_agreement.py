@@ -15,22 +15,15 @@ import argparse
 import sys
 from typing import Any, Sequence
 
-
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
-    """Number of leading tokens ``a`` and ``b`` share (the index of the first difference)."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+from minillm.lab.bench import first_differences
 
 
 def agreement(reference: Sequence[Sequence[int]], other: Sequence[Sequence[int]]) -> dict[str, Any]:
     """Per request: leading tokens in common; totals: identical requests, tokens before the first divergence."""
     if len(reference) != len(other):
         raise ValueError(f"compare the same requests: {len(reference)} outputs against {len(other)}")
-    prefix = [first_divergence(a, b) for a, b in zip(reference, other)]
+    # bench's first differing index; None (equal) means the whole reference agrees
+    prefix = [len(a) if i is None else i for a, i in zip(reference, first_differences(reference, other))]
     total = sum(len(a) for a in reference)
     return {
         "requests": len(reference),
