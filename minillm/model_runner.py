@@ -38,8 +38,9 @@ class StepBatch:
     rows: list[int]  # index in ``out.rows`` of every row that samples, in order
     offsets: list[int]  # where each of those rows' logits start in the [S] logits
     token_starts: list[int]  # where each of those rows' first logits token sits in [T]
-    # [len(rows), 3] float64 on the device: each sampling row's (temperature, top_k, top_p),
-    # part of the step's one upload (``sampling.param_table_values``); read by ``compute_probs``.
+    # [S, 3] float64 on the device: the (temperature, top_k, top_p) of every logits row (a
+    # row verifying k drafts repeats its own k + 1 times), part of the step's one upload
+    # (``sampling.param_table_values``); read by ``compute_probs``.
     sampling_table: torch.Tensor | None = None
 
 
@@ -59,7 +60,7 @@ class ModelOutput:
     # verifier reads them from the device instead of uploading them again.
     input_ids: torch.Tensor | None = None
     token_starts: list[int] | None = None
-    sampling_table: torch.Tensor | None = None  # [len(rows), 3] float64, see StepBatch
+    sampling_table: torch.Tensor | None = None  # [S, 3] float64, laid out as logits, see StepBatch
 
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device,
@@ -119,8 +120,9 @@ def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.dev
     flat = ids + pos + slots + logits_index + qstart + ctx
     for t in tables:
         flat.extend(t)
-    # The sampling rows' parameters (a drafter's sequences have none: they sample their own way)
-    params = [getattr(rows[i].request, "sampling_params", None) for i in sample_rows]
+    # The parameters of every logits row (a drafter's sequences carry their request's; a
+    # sequence without any, such as a bare test row, leaves the table out)
+    params = [getattr(rows[i].request, "sampling_params", None) for i in sample_rows for _ in range(rows[i].num_logits)]
     with_table = all(p is not None for p in params)
     if with_table:
         flat.extend(param_table_bits(params))
@@ -129,7 +131,7 @@ def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.dev
     input_ids, positions, slot_mapping, li, qsl, cl = buf[:sum(cuts)].split(cuts)
     end = sum(cuts) + B * width
     bt = buf[sum(cuts):end].view(B, width)
-    sampling_table = buf[end:].view(torch.float64).view(len(sample_rows), 3) if with_table else None
+    sampling_table = buf[end:].view(torch.float64).view(S, 3) if with_table else None
     meta = AttentionMetadata(
         slot_mapping=slot_mapping,
         block_tables=bt.to(torch.int32),

@@ -116,3 +116,33 @@ def test_one_read_and_one_upload_per_step(backend, params):
     for kind, t in (("decode", decode), ("mixed", mixed)):
         assert len(t.reads) <= 1, f"{backend} {kind} step reads the device {len(t.reads)} times: {t.reads}"
         assert len(t.uploads) <= max_uploads, f"{backend} {kind} step uploads {len(t.uploads)} times: {t.uploads}"
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                                    SamplingParams(temperature=0.8, top_k=20, seed=3, max_tokens=12, ignore_eos=True)],
+                         ids=["greedy", "seeded"])
+@pytest.mark.parametrize("method", ["ngram", "model"])
+def test_speculative_step_one_read_and_one_upload_per_forward(method, params):
+    """Verifying drafts (and drafting them with a model) keeps the budget per forward.
+
+    The target's forward verifies every row's drafts with the parameters its upload
+    carries and reads the emitted tokens once; a draft model's forwards are steps of
+    their own, one upload and one read each.
+    """
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1} if method == "ngram" \
+        else {"method": "model", "draft_layers": [0], "num_speculative_tokens": 3}
+    cfg = EngineConfig(engine="paged", device="cpu", dtype="float32", attention_backend="torch",
+                       max_model_len=128, block_size=8, max_num_seqs=4, speculative=spec)
+    engine = build_engine(cfg, model_config=TINY, tokenizer=None)
+    for prompt in ([1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 5, 6, 5, 6, 5]):
+        engine.add_request(prompt, params)
+    engine.step()  # the prefills
+    drafted = 0
+    for _ in range(3):
+        before = engine.speculator.stats.draft_forwards
+        t, rows = _counted_step(engine)
+        forwards = 1 + engine.speculator.stats.draft_forwards - before
+        drafted += sum(n - 1 for n in rows)
+        assert len(t.reads) <= forwards, f"{method} step: {forwards} forwards, {len(t.reads)} reads: {t.reads}"
+        assert len(t.uploads) <= forwards, f"{method} step: {forwards} forwards, {len(t.uploads)} uploads: {t.uploads}"
+    assert drafted > 0, "no step verified a draft: the test did not reach the verifier"

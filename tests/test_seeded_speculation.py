@@ -217,8 +217,17 @@ def test_coupled_verify_rejects_bad_shapes():
         coupled_verify(d, p, torch.ones(2, 2, 4))
     with pytest.raises(ValueError, match="target_probs"):
         coupled_verify(d, p[:, :2], torch.ones(2, 2, 4))
-    with pytest.raises(ValueError, match="-1"):
-        coupled_verify(torch.tensor([[-1, 2], [0, 1]]), p, torch.ones(2, 3, 4))
+
+
+
+def test_coupled_verify_stops_at_any_padding_without_reading_the_device():
+    """A -1 never matches, wherever it sits: the walk stops there and emits the target's own
+    token, so the output is still plain sampling's. (Checking that -1 only pads the end
+    would cost a device read per verification.)"""
+    p = torch.tensor([[0.1, 0.2, 0.6, 0.1]]).repeat(3, 1)[None].repeat(2, 1, 1)  # [2, 3, 4], argmax 2
+    out, num = coupled_verify(torch.tensor([[-1, 2], [2, -1]]), p, torch.ones(2, 3, 4))
+    assert num.tolist() == [1, 2]
+    assert out.tolist() == [[2, -1, -1], [2, 2, -1]]
 
 
 # ---------------------------------------------------------------- the engine, tiny model (fast)

@@ -29,7 +29,7 @@ from torch import nn
 from ..config import ModelConfig, SpeculativeConfig
 from ..model_runner import ModelRunner
 from ..request import Request
-from ..sampling import sample_from_probs_at
+from ..sampling import SamplingParams, sample_from_probs_at
 from ..scheduler.output import ScheduledRequest, SchedulerOutput
 from .ngram import NgramProposer
 from .rejection_sampler import draft_probs_from_logits
@@ -93,6 +93,7 @@ class DraftSequence:
     num_computed_tokens: int  # tokens with K/V in the *draft* cache
     block_ids: list[int]  # the target's block table (the same list): both caches share the paging
     num_preemptions: int  # the request's count when this state was made: a preemption resets it
+    sampling_params: SamplingParams | None = None  # the request's: they travel in each draft step's upload
 
     @property
     def num_tokens(self) -> int:
@@ -130,6 +131,7 @@ class ModelDrafter:
             seq = self.state[r] = DraftSequence([], 0, r.block_ids, r.metrics.num_preemptions)
         seq.all_token_ids = r.all_token_ids
         seq.block_ids = r.block_ids
+        seq.sampling_params = r.sampling_params
         return seq
 
     @torch.inference_mode()
@@ -143,17 +145,20 @@ class ModelDrafter:
             # last step (or the whole context of a request new to the drafter), then the
             # previous draft. Every row samples.
             rows = [ScheduledRequest(seqs[i], seqs[i].num_tokens - seqs[i].num_computed_tokens) for i in active]
-            logits = self.runner.execute(SchedulerOutput(rows)).logits  # [A, V]
+            step = self.runner.execute(SchedulerOutput(rows))  # its upload carries the rows' parameters
+            logits = step.logits  # [A, V]
             self.num_forwards += 1
             params = [requests[i].sampling_params for i in active]
-            q = draft_probs_from_logits(logits[:, None], params)[:, 0]  # [A, V]: exactly what we sample from
+            q = draft_probs_from_logits(logits[:, None], params, step.sampling_table)[:, 0]  # [A, V]: what we sample from
             tokens = q.argmax(dim=-1)  # greedy rows: q is one-hot
             sampled = [j for j, p in enumerate(params) if not p.greedy]
             if sampled:  # with the noise of the position the draft lands at, shared with the target
                 reqs = [requests[active[j]] for j in sampled]
-                tokens[sampled] = sample_from_probs_at(q[sampled], [r.seed for r in reqs],
-                                                       [seqs[active[j]].num_tokens for j in sampled],
-                                                       [r.generator for r in reqs])
+                drawn = sample_from_probs_at(torch.stack([q[j] for j in sampled]), [r.seed for r in reqs],
+                                             [seqs[active[j]].num_tokens for j in sampled],
+                                             [r.generator for r in reqs])
+                for n, j in enumerate(sampled):  # host integers: no index tensor to upload
+                    tokens[j] = drawn[n]
             for j, (i, t) in enumerate(zip(active, tokens.tolist())):
                 seqs[i].num_computed_tokens = seqs[i].num_tokens
                 seqs[i].all_token_ids.append(t)

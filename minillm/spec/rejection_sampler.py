@@ -84,7 +84,8 @@ def expected_num_emitted(alpha: float, k: int) -> float:
     return float(k + 1) if alpha == 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def draft_probs_from_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+def draft_probs_from_logits(logits: torch.Tensor, params: Sequence[SamplingParams],
+                            table: torch.Tensor | None = None) -> torch.Tensor:
     """logits [B, n, V] -> probabilities [B, n, V] float32, row b under params[b].
 
     q must be *exactly* the distribution the draft token was sampled from: after
@@ -95,12 +96,14 @@ def draft_probs_from_logits(logits: torch.Tensor, params: Sequence[SamplingParam
     Sample the draft from these very probabilities (``sample_from_probs``) and pass
     them on. The target rows [B, k + 1, V] are computed the same way
     (``target_probs_from_logits``), so greedy requests get one-hot rows on both sides.
+    ``table``: the [B * n, 3] parameter table already on the device (``compute_probs``;
+    the engine's step upload carries it), or None to upload it here.
     """
     B, n, V = logits.shape
     if len(params) != B:
         raise ValueError(f"need one SamplingParams per row: {B} rows, {len(params)} params")
     flat = [p for p in params for _ in range(n)]  # row b repeated for each of its n positions
-    return compute_probs(logits.reshape(B * n, V), flat).reshape(B, n, V)
+    return compute_probs(logits.reshape(B * n, V), flat, table).reshape(B, n, V)
 
 
 target_probs_from_logits = draft_probs_from_logits
@@ -317,9 +320,8 @@ def coupled_verify(draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
         raise ValueError(f"target_probs must be [B, k+1, V] = [{B}, {k + 1}, V], got {tuple(target_probs.shape)}")
     if noise.shape != target_probs.shape:
         raise ValueError(f"noise must have target_probs' shape {tuple(target_probs.shape)}, got {tuple(noise.shape)}")
-    valid = draft_token_ids >= 0
-    if (valid[:, 1:] & ~valid[:, :-1]).any():
-        raise ValueError("-1 in draft_token_ids must only pad the end of a row")
+    # No check that -1 only pads the end (it would read the device): a -1 never matches,
+    # so the walk stops at the first one wherever it is, and what is emitted is still y.
     y = exponential_race(target_probs, noise.to(target_probs.dtype))  # [B, k+1]: the target's own tokens
     match = draft_token_ids == y[:, :k]  # padding (-1) never matches
     num_accepted = match.long().cumprod(dim=-1).sum(dim=-1)  # [B] leading run of agreements

@@ -136,9 +136,10 @@ class Speculator:
         A row's logits j predict the token at position ``request.num_tokens + j``: its
         noise comes from there.
 
-        Host traffic: none until the end. Logits rows are picked by slicing with host
-        offsets, the drafts are read from the step's input_ids already on the device, and
-        every group's (tokens, count) lands in one tensor that is read back once.
+        Host traffic: none until the end. Logits rows and their sampling parameters (the
+        step's upload carries them) are picked by slicing with host offsets, the drafts are
+        read from the step's input_ids already on the device, and every group's
+        (tokens, count) lands in one tensor that is read back once.
         """
         self.stats.target_forwards += 1
         logits = model_out.logits
@@ -153,13 +154,16 @@ class Speculator:
             reqs = [out.rows[i].request for i, _, _ in members]
             params = [r.sampling_params for r in reqs]
             seeds, starts, gens = [r.seed for r in reqs], [r.num_tokens for r in reqs], [r.generator for r in reqs]
+            # Each member's parameter rows, already on the device (sliced with host offsets: no upload)
+            table = None if model_out.sampling_table is None else \
+                torch.cat([model_out.sampling_table[o:o + s + 1] for _, o, _ in members])  # [G * (s+1), 3]
             if s == 0:  # nothing to verify: the plain sampler
                 rows = torch.stack([logits[o] for _, o, _ in members])  # [G, V]
-                tokens = sample_at(rows, params, seeds, starts, gens)  # [G]
+                tokens = sample_at(rows, params, seeds, starts, gens, table)  # [G]
                 results.append(torch.cat([tokens.long(), torch.ones_like(tokens, dtype=torch.long)]))
                 continue
             rows = torch.stack([logits[o:o + s + 1] for _, o, _ in members])  # [G, s+1, V]
-            p = target_probs_from_logits(rows, params)  # [G, s+1, V]
+            p = target_probs_from_logits(rows, params, table)  # [G, s+1, V]
             noise = noise_for_rows(params, seeds, starts, s + 1, p.shape[-1], gens, p.device)  # [G, s+1, V]
             d = self._drafts(out, model_out, members, s, logits.device)  # [G, s]
             tokens, num = verifier(d, p, noise)  # [G, s+1], [G]
