@@ -217,6 +217,9 @@ class EngineConfig:
     # CPU threads: "auto" follows the cores other programs leave free (minillm/threads.py),
     # an integer fixes torch's count, None leaves it alone. Ignored on CUDA.
     cpu_threads: int | str | None = "auto"
+    # CPU: hold the linear weights in oneDNN's packed layout (model.PackedLinear). None = on
+    # where it is measured to pay (float32 on a CPU whose torch has oneDNN), True demands it.
+    pack_weights: bool | None = None
 
     def __post_init__(self) -> None:
         self._check()
@@ -237,6 +240,8 @@ class EngineConfig:
         from .threads import check_cpu_threads
 
         check_cpu_threads(self.cpu_threads)
+        if self.pack_weights is not None and not isinstance(self.pack_weights, bool):
+            raise ValueError(f"pack_weights must be True, False or None (on where it pays), got {self.pack_weights!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; valid engines: {', '.join(ENGINES)}")
         check_seed("seed", self.seed, ENGINE_SEED_LIMIT,
@@ -349,6 +354,7 @@ class ResolvedConfig:
     num_blocks: int  # KV blocks in the cache; the contiguous engines: one per slot
     kv_bytes_per_token: int  # K and V of one token, every layer, in the cache dtype
     placement: Any  # minillm.placement.Placement: device, dtype, attention backend
+    pack_weights: bool = False  # CPU linears in oneDNN's packed layout (EngineConfig.pack_weights)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -367,6 +373,7 @@ def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
     if config.cuda_graphs and place.attention_backend != "triton":
         raise ValueError(f"cuda_graphs=True needs attention_backend='triton' (the torch backend plans each step "
                          f"on the host, which a graph cannot replay), got {place.attention_backend!r}")
+    pack = _resolve_pack_weights(config.pack_weights, place)
     max_model_len = config.max_model_len or model_config.max_position_embeddings
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(f"max_model_len must be at most the model's context length "
@@ -383,7 +390,30 @@ def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
             kv_bytes_per_token=kv_bytes, num_blocks=config.num_blocks, kv_cache_bytes=config.kv_cache_bytes)
     else:
         block_size, num_blocks = max_model_len, seqs
-    return ResolvedConfig(config.engine, max_model_len, seqs, budget, block_size, num_blocks, kv_bytes, place)
+    return ResolvedConfig(config.engine, max_model_len, seqs, budget, block_size, num_blocks, kv_bytes, place, pack)
+
+
+def _resolve_pack_weights(option: bool | None, place: Any) -> bool:
+    """None: packed where it was measured to pay, float32 on the CPU; True: packed or a ValueError."""
+    import torch
+
+    from .model import can_pack_weights
+
+    if option is False:
+        return False
+    if place.device.type != "cpu":
+        if option:
+            raise ValueError(f"pack_weights=True lays weights out for oneDNN on the CPU, but this engine runs on "
+                             f"{place.device}: pass pack_weights=None or False")
+        return False
+    if option is None and place.dtype != torch.float32:
+        return False  # bf16/fp16: not measured to pay on every CPU; pack_weights=True asks for it
+    if not can_pack_weights(place.dtype):
+        if option:
+            raise ValueError(f"pack_weights=True: this torch build or CPU cannot run oneDNN's packed linear in "
+                             f"{place.dtype}; pass pack_weights=None or False")
+        return False
+    return True
 
 
 def _positive_int(name: str, value: Any) -> None:

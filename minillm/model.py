@@ -89,6 +89,64 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+# ---------------------------------------------------------------- packed CPU weights
+
+PACK_ROWS = 32  # the batch size oneDNN lays packed weights out for; measured: good from 1 to 256 rows
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS)
+
+
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+_PACKING: dict[torch.dtype, bool] = {}
+
+
+def can_pack_weights(dtype: torch.dtype) -> bool:
+    """Whether this torch and CPU run oneDNN's packed linear in ``dtype`` (tried once, on a tiny matrix)."""
+    if dtype not in _PACKING:
+        try:
+            w, x = torch.randn(16, 8, dtype=dtype), torch.randn(3, 8, dtype=dtype)
+            y = _packed_linear(x, _pack(w))
+            _PACKING[dtype] = tuple(y.shape) == (3, 16) and bool(torch.allclose(y.float(), F.linear(x, w).float(),
+                                                                                 atol=1e-2, rtol=1e-2))
+        except (RuntimeError, AttributeError, NotImplementedError):
+            _PACKING[dtype] = False
+    return _PACKING[dtype]
+
+
+class PackedLinear(nn.Module):
+    """``nn.Linear`` without bias whose weight lives in oneDNN's blocked layout for this CPU.
+
+    A plain fp32 ``F.linear`` on the CPU goes to a GEMM that rereads the weight in its
+    row-major layout every call; oneDNN's packed layout lets a few rows (a decode
+    batch) stream the weight once at full width. Same arithmetic, different summation
+    order: results differ from ``F.linear`` by rounding (~1e-6 in fp32), not by
+    algorithm. ``weight`` is still the layer's one parameter (same name, shape and
+    element count), but opaque: ``dense()`` gives it back as a plain tensor.
+    """
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight = nn.Parameter(_pack(weight), requires_grad=False)
+
+    def dense(self) -> torch.Tensor:
+        return self.weight.to_dense()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _packed_linear(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed (oneDNN)"
+
+
+# ---------------------------------------------------------------- the model
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -146,6 +204,7 @@ class Llama(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope: RopeTable | None = None  # built on the weights' device (build_model, or the first forward)
+        self.packed_head: torch.Tensor | None = None  # the LM head in oneDNN's layout (pack_weights)
         self.set_attention_backend(attention_backend)
 
     def build_rope(self) -> RopeTable:
@@ -182,16 +241,38 @@ class Llama(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab], only for the rows that sample."""
+        if self.packed_head is not None:
+            return _packed_linear(hidden, self.packed_head).float()
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, w).float()
 
+    def pack_weights(self) -> None:
+        """Every projection and the LM head in oneDNN's packed layout (CPU; ``PackedLinear``).
+
+        The projections are replaced (their memory is reused); the tied head keeps the
+        embedding's dense rows for lookups, so packing it costs one more copy of that
+        matrix (113 MB in fp32 for SmolLM2-135M). Call on a model already on the CPU in
+        its final dtype; it is not moved afterwards.
+        """
+        for layer in self.layers:
+            for parent, name in ((layer.attn, "qkv_proj"), (layer.attn, "o_proj"),
+                                 (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):
+                m = getattr(parent, name)
+                if isinstance(m, nn.Linear):
+                    setattr(parent, name, PackedLinear(m.weight))
+        w = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        self.packed_head = _pack(w)
+
 
 def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
-                dtype: torch.dtype, attention_backend: str = "torch") -> Llama:
+                dtype: torch.dtype, attention_backend: str = "torch", pack_weights: bool = False) -> Llama:
+    """A Llama on ``device`` in ``dtype``; ``pack_weights`` (CPU only): ``Llama.pack_weights``."""
     with torch.device("meta"):
         model = Llama(cfg, attention_backend)
     model = model.to_empty(device="cpu")
     model.load_weights(weights)
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     model.build_rope()
+    if pack_weights:
+        model.pack_weights()
     return model

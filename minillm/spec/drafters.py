@@ -73,6 +73,7 @@ def layer_subset_model(target: nn.Module, layers: Sequence[int]) -> nn.Module:
     with torch.device("meta"):  # no weights allocated: every module is replaced below
         draft = Llama(cfg, target.attention_backend)
     draft.embed, draft.norm, draft.lm_head = target.embed, target.norm, target.lm_head
+    draft.packed_head = getattr(target, "packed_head", None)
     draft.layers = nn.ModuleList(target.layers[i] for i in layers)
     return draft
 
@@ -197,7 +198,7 @@ def build_drafter(spec: SpeculativeConfig, target: nn.Module, num_blocks: int, b
 
         check_same_vocab(target.cfg, loader.read_config(spec.model))  # before loading any weight
         draft = build_model(loader.read_config(spec.model), loader.load_weights(spec.model), device, dtype,
-                            target.attention_backend)
+                            target.attention_backend, pack_weights=getattr(target, "packed_head", None) is not None)
     return ModelDrafter(draft, target.cfg, num_blocks, block_size, device, dtype)
 
 
