@@ -218,7 +218,7 @@ class EngineConfig:
     # an integer fixes torch's count, None leaves it alone. Ignored on CUDA.
     cpu_threads: int | str | None = "auto"
     # CPU: hold the linear weights in oneDNN's packed layout (model.PackedLinear). None = on
-    # where it is measured to pay (float32 on a CPU whose torch has oneDNN), True demands it.
+    # where it was measured to pay (float32 on an x86 CPU whose torch runs it), True demands it.
     pack_weights: bool | None = None
 
     def __post_init__(self) -> None:
@@ -394,7 +394,9 @@ def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
 
 
 def _resolve_pack_weights(option: bool | None, place: Any) -> bool:
-    """None: packed where it was measured to pay, float32 on the CPU; True: packed or a ValueError."""
+    """None: packed where it was measured to pay, float32 on an x86 CPU; True: packed or a ValueError."""
+    import platform
+
     import torch
 
     from .model import can_pack_weights
@@ -406,8 +408,8 @@ def _resolve_pack_weights(option: bool | None, place: Any) -> bool:
             raise ValueError(f"pack_weights=True lays weights out for oneDNN on the CPU, but this engine runs on "
                              f"{place.device}: pass pack_weights=None or False")
         return False
-    if option is None and place.dtype != torch.float32:
-        return False  # bf16/fp16: not measured to pay on every CPU; pack_weights=True asks for it
+    if option is None and (place.dtype != torch.float32 or platform.machine().lower() not in ("x86_64", "amd64")):
+        return False  # measured to pay in fp32 on x86; elsewhere pack_weights=True asks for it
     if not can_pack_weights(place.dtype):
         if option:
             raise ValueError(f"pack_weights=True: this torch build or CPU cannot run oneDNN's packed linear in "
