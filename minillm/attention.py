@@ -69,11 +69,6 @@ def _gather_slots(block_table: torch.Tensor, positions: torch.Tensor, block_size
     return block_table.gather(-1, positions // block_size).long() * block_size + positions % block_size
 
 
-def _expand_kv(x: torch.Tensor, group: int, dim: int) -> torch.Tensor:
-    # Repeat each KV head `group` times along `dim`: every query head gets its KV head (GQA)
-    return x if group == 1 else x.repeat_interleave(group, dim=dim)
-
-
 def _row_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, b: int):
     """K, V [Hkv, ctx, D] of sequence b: exactly its own context, nothing padded.
 
@@ -201,21 +196,23 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             out[s] = decode_seam(q[s], k_cache, v_cache, meta.block_tables_list[b], ctx, scale).to(q.dtype)
             continue
         k, v = _row_kv(k_cache, v_cache, meta, b)  # [Hkv, ctx, D] each
+        # Calls are 4-D ([1, heads, queries, D]): that is the shape torch's fused CPU kernel
+        # takes (a 3-D call falls back to the unfused math, 2-3x slower here).
         if n == 1:
             # GQA without copying K/V: the `group` query heads that share a KV head
             # become `group` query rows against that head's keys.
-            qg = q[s].view(Hkv, group, D)  # [Hkv, group, D]
-            out[s] = F.scaled_dot_product_attention(qg, k, v, scale=scale).reshape(Hq, D)
+            qg = q[s].view(1, Hkv, group, D)  # [1, Hkv, group, D]
+            out[s] = F.scaled_dot_product_attention(qg, k[None], v[None], scale=scale).reshape(Hq, D)
             continue
-        k, v = _expand_kv(k, group, dim=0), _expand_kv(v, group, dim=0)  # [Hq, ctx, D]
-        qs = q[s:s + n].transpose(0, 1)  # [Hq, n, D]
+        qs = q[s:s + n].transpose(0, 1)[None]  # [1, Hq, n, D]; enable_gqa: query head h reads KV head h // group
         if ctx == n:  # whole prompt at once: the plain causal mask
-            o = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=scale)
+            o = F.scaled_dot_product_attention(qs, k[None], v[None], is_causal=True, scale=scale, enable_gqa=True)
         else:  # a chunk after cached context: query j sees keys <= ctx - n + j
             pos = torch.arange(ctx, device=q.device)
             qpos = torch.arange(ctx - n, ctx, device=q.device)
-            o = F.scaled_dot_product_attention(qs, k, v, attn_mask=pos[None, :] <= qpos[:, None], scale=scale)
-        out[s:s + n] = o.transpose(0, 1)
+            o = F.scaled_dot_product_attention(qs, k[None], v[None], attn_mask=pos[None, :] <= qpos[:, None],
+                                               scale=scale, enable_gqa=True)
+        out[s:s + n] = o[0].transpose(0, 1)
     return out
 
 
