@@ -6,6 +6,7 @@ Fast tests run a tiny random-weight Llama; the overhead test runs the real SmolL
 """
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -106,6 +107,72 @@ def test_redraws_at_least_twice_a_second_while_compute_runs():
     assert dash.redraws >= 6, dash.summary()
     # What the thread took while the work ran: a few percent of one core at most
     assert dash.loop_cpu_s / 3.0 <= 0.05, dash.summary()
+
+
+def _panel_data(rng, scale, lines=1):
+    """Every panel with ``lines`` lines (odd panels) of 300 points over 70 s, values ~``scale``."""
+    import numpy as np
+
+    from minillm.lab.dashboard import PANELS
+
+    data = {}
+    for i, name in enumerate(PANELS):
+        data[name] = {}
+        for k in range(lines if i % 2 else 1):
+            x = np.sort(rng.uniform(0, 70, 300)).tolist()
+            data[name][f"line {k}"] = (x, (np.abs(rng.normal(1, 0.4, 300)) * scale * (i + 1)).tolist())
+    return data
+
+
+def test_live_lines_are_the_pixels_matplotlib_draws():
+    """The frame's lines go straight to the renderer as paths; the oracle is matplotlib's own
+    ``ax.draw_artist(line)``. Includes lines past the y limit (clipped), points older than
+    the window, a one-point line (nothing to draw) and a long one (thinned)."""
+    import numpy as np
+
+    from minillm.lab.dashboard import MAX_LINES, LivePanel
+
+    rng = np.random.default_rng(0)
+    data = _panel_data(rng, 0.3, lines=3)
+    data["preemptions"]["total"] = ([69.0], [0.5])
+    data["ITL (s)"]["p99"] = (np.linspace(0, 70, 1500).tolist(), rng.uniform(0, 3, 1500).tolist())  # > ylim
+    panel, now = LivePanel(), 70.0
+    panel.draw(data, now, "png")
+    fast = np.asarray(panel.canvas.buffer_rgba()).copy()
+    panel.canvas.restore_region(panel.background)
+    for name, ax in panel.axes.items():
+        for line, (x, y) in zip(panel.lines[name], list(data[name].values())[:MAX_LINES]):
+            line.set_data(*panel._visible(x, y, now))
+            ax.draw_artist(line)
+    oracle = np.asarray(panel.canvas.buffer_rgba())
+    assert (fast[..., :3] != 255).any(-1).sum() > 10_000, "the lines are drawn at all"
+    assert np.array_equal(fast, oracle), f"{(fast != oracle).any(-1).sum()} pixels differ"
+
+
+def test_a_growing_axis_repaints_what_a_full_draw_would():
+    """When values outgrow an axis only the panel's y axis (and legend) is repainted into the
+    background: the result is the pixels of a whole-figure draw, through growth from 0.1 to
+    millions (labels like 3M, never an offset text) and legends appearing."""
+    import numpy as np
+
+    from minillm.lab.dashboard import LivePanel
+
+    rng = np.random.default_rng(1)
+    panel = LivePanel()
+    panel.draw(_panel_data(rng, 0.1), 60.0)
+    for k, (scale, lines) in enumerate([(3, 1), (40, 2), (900, 3), (2e4, 3), (3e6, 3)]):
+        panel.last_full = -math.inf  # a growth is due
+        before = panel.panel_redraws
+        panel.draw(_panel_data(rng, scale, lines), 60.0)
+        assert panel.panel_redraws - before == 8, (k, panel.panel_redraws)
+        panel.canvas.restore_region(panel.background)
+        repainted = np.asarray(panel.canvas.buffer_rgba()).copy()
+        panel.canvas.draw()  # the oracle: everything drawn again from scratch
+        full = np.asarray(panel.canvas.buffer_rgba())
+        assert np.array_equal(repainted, full), f"growth {k}: {(repainted != full).any(-1).sum()} pixels differ"
+        panel.background = panel.canvas.copy_from_bbox(panel.fig.bbox)
+    labels = [t.get_text() for t in panel.axes["spec acceptance"].get_yticklabels()]
+    assert any(t.endswith("M") for t in labels), labels
 
 
 def test_widget_gets_frames_and_numbers():
