@@ -395,11 +395,7 @@ def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
 
 def _resolve_pack_weights(option: bool | None, place: Any) -> bool:
     """None: packed where it was measured to pay, float32 on an x86 CPU; True: packed or a ValueError."""
-    import platform
-
-    import torch
-
-    from .model import can_pack_weights
+    from .model import can_pack_weights, packs_by_default
 
     if option is False:
         return False
@@ -408,13 +404,11 @@ def _resolve_pack_weights(option: bool | None, place: Any) -> bool:
             raise ValueError(f"pack_weights=True lays weights out for oneDNN on the CPU, but this engine runs on "
                              f"{place.device}: pass pack_weights=None or False")
         return False
-    if option is None and (place.dtype != torch.float32 or platform.machine().lower() not in ("x86_64", "amd64")):
-        return False  # measured to pay in fp32 on x86; elsewhere pack_weights=True asks for it
+    if option is None:
+        return packs_by_default(place.dtype)
     if not can_pack_weights(place.dtype):
-        if option:
-            raise ValueError(f"pack_weights=True: this torch build or CPU cannot run oneDNN's packed linear in "
-                             f"{place.dtype}; pass pack_weights=None or False")
-        return False
+        raise ValueError(f"pack_weights=True: this torch build or CPU cannot run oneDNN's packed linear in "
+                         f"{place.dtype}; pass pack_weights=None or False")
     return True
 
 

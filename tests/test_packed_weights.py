@@ -6,7 +6,6 @@ same packed or not (the exactness tests of every engine run packed, the default 
 """
 from __future__ import annotations
 
-import platform
 
 import pytest
 import torch
@@ -15,11 +14,10 @@ import torch.nn.functional as F
 from minillm import SamplingParams
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine import build_engine
-from minillm.model import PackedLinear, can_pack_weights
+from minillm.model import PackedLinear, can_pack_weights, packs_by_default
 
 needs_packing = pytest.mark.skipif(not can_pack_weights(torch.float32),
                                    reason="this torch build or CPU has no oneDNN packed linear")
-X86 = platform.machine().lower() in ("x86_64", "amd64")
 TINY = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=4, num_kv_heads=2,
                    head_dim=16, max_position_embeddings=256)
 
@@ -43,8 +41,8 @@ def _engine(engine: str, pack, **kw):
     return build_engine(cfg, model_config=TINY, tokenizer=None)
 
 
-@needs_packing
-@pytest.mark.skipif(not X86, reason="packing is on by default on x86 CPUs only (where it was measured)")
+@pytest.mark.skipif(not packs_by_default(torch.float32),
+                    reason="packing is on by default on x86 CPUs that run it only (where it was measured)")
 @pytest.mark.filterwarnings("ignore:dtype='bfloat16' on a CPU without")
 def test_auto_packs_fp32_on_the_cpu_and_not_bf16():
     packed = _engine("paged", None)
