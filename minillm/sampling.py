@@ -106,10 +106,30 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     drop = ranks[None, :] >= k[:, None]  # [B, V] outside the top-k
     probs = sorted_logits.masked_fill(drop, -math.inf).softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # probability of all more likely tokens
-    drop |= mass_before >= top_p[:, None].to(probs.dtype)
+    # top_p 1.0 is off: in float32 the mass before a far tail token can round up to 1.0
+    nucleus = top_p < 1.0
+    drop |= (mass_before >= top_p[:, None].to(probs.dtype)) & nucleus[:, None]
     drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_k: int, some_off: bool = True) -> torch.Tensor:
+    """``apply_top_k_top_p`` when no row uses top-p: the same k logits kept per row, found
+    with ``topk`` (the ``max_k`` largest) instead of sorting all V of them. ``max_k``: the
+    largest top_k of the rows (host side); a row with top_k -1 keeps everything (pass
+    ``some_off=False`` when no row has -1: one pass over [B, V] less).
+
+    The sort and ``topk`` both keep exactly k logits, with their values; they could only
+    disagree on which of several logits tied at the k-th value survive (neither order is
+    specified for ties).
+    """
+    B, V = logits.shape
+    k = torch.where(top_k < 0, torch.full_like(top_k, V), top_k).clamp(max=V)  # [B]
+    values, index = logits.topk(min(max_k, V), dim=-1)  # [B, max_k], largest first
+    keep = torch.arange(values.shape[-1], device=logits.device)[None, :] < k[:, None]
+    out = torch.full_like(logits, -math.inf).scatter_(-1, index, values.masked_fill(~keep, -math.inf))
+    return torch.where((top_k < 0)[:, None], logits, out) if some_off else out
 
 
 def param_table_values(params: Sequence[SamplingParams]) -> list[float]:
@@ -146,8 +166,10 @@ def compute_probs(logits: torch.Tensor, params: Sequence[SamplingParams],
         table = table.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else table
     temp, top_k, top_p = table[:, 0].float(), table[:, 1].long(), table[:, 2].float()
     scaled = logits / temp[:, None]
-    if any(p.top_k != -1 or p.top_p < 1.0 for p in params):
+    if any(p.top_p < 1.0 for p in params):
         scaled = apply_top_k_top_p(scaled, top_k, top_p)
+    elif any(p.top_k != -1 for p in params):  # top-k alone: no full sort of the vocabulary
+        scaled = apply_top_k(scaled, top_k, max(p.top_k for p in params), any(p.top_k == -1 for p in params))
     probs = scaled.softmax(dim=-1)
     greedy = [p.greedy for p in params]
     if all(greedy):

@@ -6,7 +6,7 @@ import torch
 
 from minillm import EngineConfig, SamplingParams
 from minillm.config import SpeculativeConfig
-from minillm.sampling import apply_top_k_top_p, compute_probs, sample, sample_from_probs
+from minillm.sampling import apply_top_k, apply_top_k_top_p, compute_probs, sample, sample_from_probs
 
 
 @pytest.mark.parametrize("kwargs, field", [
@@ -52,6 +52,21 @@ def test_top_k_keeps_exactly_k_and_top_p_keeps_the_nucleus():
     assert torch.isfinite(kept).sum() == 3
     kept = apply_top_k_top_p(logits, torch.tensor([-1]), torch.tensor([0.01]))
     assert torch.isfinite(kept).sum() == 1  # the most likely token always stays
+
+
+@pytest.mark.parametrize("ks", [[2, 2, 2], [1, 5, -1, 40], [-1, 3], [60, 64, 200]])
+def test_top_k_alone_is_the_sorted_rule_without_the_sort(ks):
+    """compute_probs takes ``apply_top_k`` (topk of the largest k) when no row uses top-p:
+    the same logits kept, the same values, bit for bit, as the sort-based rule."""
+    g = torch.Generator().manual_seed(len(ks))
+    logits = torch.randn(len(ks), 64, generator=g) * 3  # distinct values: no ties at the k-th
+    top_k = torch.tensor(ks)
+    fast = apply_top_k(logits, top_k, max(ks))
+    assert torch.equal(fast, apply_top_k_top_p(logits, top_k, torch.ones(len(ks))))
+    params = [SamplingParams(temperature=0.7, top_k=k) for k in ks]
+    probs = compute_probs(logits, params)
+    assert torch.equal(probs, (apply_top_k_top_p(logits / torch.tensor(0.7), top_k, torch.ones(len(ks)))).softmax(-1))
+    assert [int((row > 0).sum()) for row in probs] == [64 if k < 0 else min(k, 64) for k in ks]
 
 
 def test_compute_probs_temperature_and_greedy():
