@@ -549,8 +549,7 @@ class LivePanel:
         every tick label again at each draw to place them). A panel's *strip* is what a
         growing y axis changes, in whole pixels: from the right edge of the panel on its left
         (the figure's edge for the first column) across its tick labels and its axes, and
-        from just under the bottom spine to just under its title (room for an offset text
-        like "1e6")."""
+        from just under the bottom spine to just under its title."""
         from matplotlib.transforms import Bbox, IdentityTransform
 
         renderer = self.canvas.get_renderer()
@@ -571,8 +570,9 @@ class LivePanel:
         For each: paint its strip blank, draw its face, spines, y axis, x tick marks and
         legend again, and keep only the strip's pixels of the result (what those artists
         drew outside it, e.g. the lower part of the tick marks, was already there). Title,
-        x tick labels and the other panels are left as they were. A few ms a panel, about 5x
-        less than a whole panel with its text; ``tests/test_dashboard.py`` checks that the
+        x tick labels and the other panels are left as they were. All eight panels: ~60 ms
+        here, against 250-300 ms for redrawing them whole with their text (which also
+        measured every label to place it); ``tests/test_dashboard.py`` checks that the
         pixels are those of a full draw."""
         from matplotlib.patches import Rectangle
 
