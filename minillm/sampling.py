@@ -92,6 +92,11 @@ class SamplingParams:
         return priority_class(self.priority)
 
 
+def _rows_k(top_k: torch.Tensor, V: int) -> torch.Tensor:
+    """Logits each row keeps under top-k: its top_k, or all V where it is -1 (or above V)."""
+    return torch.where(top_k < 0, torch.full_like(top_k, V), top_k).clamp(max=V)
+
+
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Set to -inf every logit outside the top-k and outside the top-p nucleus.
 
@@ -102,7 +107,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     B, V = logits.shape
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # [B, V]
     ranks = torch.arange(V, device=logits.device)
-    k = torch.where(top_k < 0, torch.full_like(top_k, V), top_k).clamp(max=V)
+    k = _rows_k(top_k, V)
     drop = ranks[None, :] >= k[:, None]  # [B, V] outside the top-k
     probs = sorted_logits.masked_fill(drop, -math.inf).softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # probability of all more likely tokens
@@ -125,7 +130,7 @@ def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_k: int, some_off:
     specified for ties).
     """
     B, V = logits.shape
-    k = torch.where(top_k < 0, torch.full_like(top_k, V), top_k).clamp(max=V)  # [B]
+    k = _rows_k(top_k, V)  # [B]
     values, index = logits.topk(min(max_k, V), dim=-1)  # [B, max_k], largest first
     keep = torch.arange(values.shape[-1], device=logits.device)[None, :] < k[:, None]
     out = torch.full_like(logits, -math.inf).scatter_(-1, index, values.masked_fill(~keep, -math.inf))

@@ -458,9 +458,9 @@ def headline(s: Sample | None) -> str:
 
 def _compact(value: float, pos: Any = None) -> str:
     """A tick label of at most ~5 characters: 0.05, 800, 4000, 12k, 3M."""
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "k")):
-        if abs(value) >= scale:
-            return f"{value / (1e3 if suffix == 'k' else scale):g}{suffix}"
+    for above, unit, suffix in ((1e9, 1e9, "G"), (1e6, 1e6, "M"), (1e4, 1e3, "k")):  # 4000 stays 4000
+        if abs(value) >= above:
+            return f"{value / unit:g}{suffix}"
     return f"{value:g}"
 
 
