@@ -152,7 +152,8 @@ def test_live_lines_are_the_pixels_matplotlib_draws():
 def test_a_growing_axis_repaints_what_a_full_draw_would():
     """When values outgrow an axis only the panel's y axis (and legend) is repainted into the
     background: the result is the pixels of a whole-figure draw, through growth from 0.1 to
-    millions (labels like 3M, never an offset text) and legends appearing."""
+    millions (labels like 3M, never an offset text), with legends appearing (the whole strip
+    repainted) and with legends unchanged (only the strip left of the axes)."""
     import numpy as np
 
     from minillm.lab.dashboard import LivePanel

@@ -19,9 +19,9 @@ drawn the way animations are (*blitting*): axes, ticks and labels are drawn once
 background image; each frame restores that image, draws only the lines (as paths,
 straight into the renderer) and encodes a JPEG (a few ms). Axes grow by doubling, at most
 every ``full_redraw_every`` seconds (lines are clipped meanwhile); a growing panel
-repaints only its y axis (a few ms, where redrawing the whole panel with its text cost
-tens). The latest numbers go in
-an HTML line next to the image, which the browser renders. ``measure_overhead`` checks
+repaints only the pixels left of its axes, its tick labels (~5 ms, where redrawing the
+whole panel with its text and legend cost tens). The latest numbers go in an HTML line
+next to the image, which the browser renders. ``measure_overhead`` checks
 the cost: engine throughput with and without a dashboard attached, alternating.
 
 Headless (no display, nbval, a script), everything still runs: frames are drawn and
@@ -506,10 +506,15 @@ class LivePanel:
         self.background = None
         self._strips: dict = {}  # per panel: the pixels an axis growth repaints (see _redraw_panels)
         self._legend_keys: dict[str, tuple] = {}
+        self._legend_changed: set[str] = set()  # panels whose legend changed since the last repaint
+        self._axis_strips: dict = {}  # per panel: the pixels a growth alone repaints (no legend change)
+        self._legend_x0: dict[str, float] = {}  # per panel: the left edge of its legend, in pixels
+        self._affine: dict | None = None  # per panel: data -> pixels (changes only when its y axis does)
 
     def set_ymax(self, panel: str, ymax: float) -> None:
         """A known upper limit (e.g. the KV cache's blocks), so the axis need not grow into it."""
         self.axes[panel].set_ylim(0, ymax)
+        self._affine = None
 
     def _visible(self, x: list, y: list, now: float) -> tuple[list, list]:
         """The points of the last ``window_s`` seconds, x as seconds before ``now``."""
@@ -537,6 +542,7 @@ class LivePanel:
                     line.set_label(key)
                 handles = self.lines[name][:len(keys)]
                 ax.legend(handles, keys, fontsize=6, loc="upper left", frameon=False)
+                self._legend_changed.add(name)
                 if name not in changed:
                     changed.append(name)
         return changed
@@ -562,24 +568,39 @@ class LivePanel:
             ax = self.axes[name]
             left = math.ceil(self.axes[names[k - 1]].bbox.x1 + 2) if k % 4 else 0
             top = math.floor(ax.title.get_window_extent(renderer).y0 - 1)
-            self._strips[name] = Bbox([[left, math.floor(ax.bbox.y0 - 2)], [math.ceil(ax.bbox.x1 + 2), top]])
+            bottom = math.floor(ax.bbox.y0 - 2)
+            self._strips[name] = Bbox([[left, bottom], [math.ceil(ax.bbox.x1 + 2), top]])
+            # A growth alone changes only the tick labels and marks left of the axes: the strip
+            # stops a pixel inside the left spine, short of the legend (upper left, half its font
+            # size in), which it then need not draw (~9 ms of text each).
+            self._axis_strips[name] = Bbox([[left, bottom], [math.ceil(ax.bbox.x0 + 1), top]])
+        self._legend_x0 = {name: ax.get_legend().get_window_extent(renderer).x0
+                           for name, ax in self.axes.items() if ax.get_legend() is not None}
+        self._legend_changed.clear()
 
     def _redraw_panels(self, names: list[str]) -> None:
-        """Redraw the y axis of the panels in ``names`` (and their legends) into the background.
+        """Redraw the y axis of the panels in ``names`` (and changed legends) into the background.
 
-        For each: paint its strip blank, draw its face, spines, y axis, x tick marks and
-        legend again, and keep only the strip's pixels of the result (what those artists
-        drew outside it, e.g. the lower part of the tick marks, was already there). Title,
-        x tick labels and the other panels are left as they were. All eight panels: ~60 ms
-        here, against 250-300 ms for redrawing them whole with their text (which also
-        measured every label to place it); ``tests/test_dashboard.py`` checks that the
-        pixels are those of a full draw."""
+        For each: paint its strip blank, draw its face, spines, y axis, x tick marks (and
+        legend) again, and keep only the strip's pixels of the result (what those artists
+        drew outside it, e.g. the lower part of the tick marks, was already there). The
+        strip is the narrow one left of the axes unless the panel's legend changed: a
+        legend is ~9 ms of text per panel, the y axis ~4. Title, x tick labels and the
+        other panels are left as they were. All eight panels grown: ~42 ms here (~136 ms
+        with their legends, 250-300 ms redrawn whole with their text, which also measured
+        every label to place it); ``tests/test_dashboard.py`` checks that the pixels are
+        those of a full draw, for both strips."""
         from matplotlib.patches import Rectangle
 
         renderer = self.canvas.get_renderer()
         strips = []
         for name in names:
-            ax, box = self.axes[name], self._strips[name]
+            ax = self.axes[name]
+            # The whole strip with the legend when the legend changed, or when it reaches into
+            # the narrow strip (it does not with the defaults); else the narrow strip, no legend.
+            wide = name in self._legend_changed or self._legend_x0.get(name, math.inf) < self._axis_strips[name].x1
+            legend = ax.get_legend() if wide else None
+            box = self._strips[name] if wide else self._axis_strips[name]
             self.canvas.restore_region(self.background)
             patch = Rectangle((box.x0, box.y0), box.width, box.height, transform=None,
                               facecolor=self.fig.get_facecolor(), edgecolor="none")
@@ -588,19 +609,23 @@ class LivePanel:
             # in ax.draw's order: the face first, then by zorder (axes 1.5, spines 2.5, legend 5)
             ax.patch.draw(renderer)
             ticks = [(ax.xaxis.get_zorder(), t.tick1line) for t in ax.xaxis.get_major_ticks() if t.get_visible()]
-            rest = [(a.get_zorder(), a) for a in (*ax.spines.values(), ax.yaxis, ax.get_legend()) if a is not None]
+            rest = [(a.get_zorder(), a) for a in (*ax.spines.values(), ax.yaxis, legend) if a is not None]
             for _, artist in sorted(ticks + rest, key=lambda za: za[0]):
                 artist.draw(renderer)
+            if legend is not None:
+                self._legend_x0[name] = legend.get_window_extent(renderer).x0
             strips.append(self.canvas.copy_from_bbox(box))
         self.canvas.restore_region(self.background)
         for strip in strips:
             self.canvas.restore_region(strip)
         self.background = self.canvas.copy_from_bbox(self.fig.bbox)
+        self._legend_changed.difference_update(names)
 
     def draw(self, data: dict[str, dict[str, tuple[list, list]]], now: float, fmt: str = "jpeg") -> bytes:
         """One frame: lines only, after redrawing any panel whose axis must grow (rate-limited)."""
         if self.background is None:
             self._limits(data, now)
+            self._affine = None
             self.canvas.draw()  # everything but the animated lines: the background
             self.background = self.canvas.copy_from_bbox(self.fig.bbox)
             self._freeze_layout()
@@ -609,6 +634,7 @@ class LivePanel:
         elif now - self.last_full >= self.full_redraw_every:
             changed = self._limits(data, now)
             if changed:
+                self._affine = None
                 self._redraw_panels(changed)
                 self.last_full = now
                 self.panel_redraws += len(changed)
@@ -629,11 +655,14 @@ class LivePanel:
 
         renderer = self.canvas.get_renderer()
         identity = IdentityTransform()
+        if self._affine is None:  # data -> pixels (the axes are linear); new after an axis grew
+            self._affine = {name: ax.transData.get_affine().get_matrix().copy() for name, ax in self.axes.items()}
         gc = renderer.new_gc()
+        shape = None
         try:
             gc.set_antialiased(True)
-            for name, ax in self.axes.items():
-                m = ax.transData.get_affine().get_matrix()  # data -> pixels (the axes are linear)
+            for k, (name, ax) in enumerate(self.axes.items()):
+                m = self._affine[name]
                 gc.set_clip_rectangle(ax.bbox)
                 for line, (x, y) in zip(self.lines[name], list(data[name].values())[:MAX_LINES]):
                     xs, ys = self._visible(x, y, now)
@@ -646,10 +675,13 @@ class LivePanel:
                     color, lw, cap, join = self._styles[line]
                     gc.set_foreground(color, isRGBA=True)
                     gc.set_linewidth(lw)
-                    gc.set_capstyle(cap)
-                    gc.set_joinstyle(join)
+                    if (cap, join) != shape:  # the same for every line: set once
+                        gc.set_capstyle(cap)
+                        gc.set_joinstyle(join)
+                        shape = (cap, join)
                     renderer.draw_path(gc, Path(pts), identity)
-                time.sleep(0)  # let the engine's thread take the GIL between panels: it waits ~1 ms, not 5
+                if k == 3:  # halfway: let the engine's thread take the GIL (the encoder releases it at the end)
+                    time.sleep(0)
         finally:
             gc.restore()
 
