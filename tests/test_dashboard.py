@@ -153,27 +153,35 @@ def test_a_growing_axis_repaints_what_a_full_draw_would():
     """When values outgrow an axis only the panel's y axis (and legend) is repainted into the
     background: the result is the pixels of a whole-figure draw, through growth from 0.1 to
     millions (labels like 3M, never an offset text), with legends appearing (the whole strip
-    repainted) and with legends unchanged (only the strip left of the axes)."""
+    repainted), with legends unchanged (only the strip left of the axes), and for a second
+    panel that copies the first one's strips."""
     import numpy as np
 
+    from minillm.lab import dashboard
     from minillm.lab.dashboard import LivePanel
 
-    rng = np.random.default_rng(1)
-    panel = LivePanel()
-    panel.draw(_panel_data(rng, 0.1), 60.0)
-    for k, (scale, lines) in enumerate([(3, 1), (40, 2), (900, 3), (2e4, 3), (3e6, 3)]):
-        panel.last_full = -math.inf  # a growth is due
-        before = panel.panel_redraws
-        panel.draw(_panel_data(rng, scale, lines), 60.0)
-        assert panel.panel_redraws - before == 8, (k, panel.panel_redraws)
-        panel.canvas.restore_region(panel.background)
-        repainted = np.asarray(panel.canvas.buffer_rgba()).copy()
-        panel.canvas.draw()  # the oracle: everything drawn again from scratch
-        full = np.asarray(panel.canvas.buffer_rgba())
-        assert np.array_equal(repainted, full), f"growth {k}: {(repainted != full).any(-1).sum()} pixels differ"
-        panel.background = panel.canvas.copy_from_bbox(panel.fig.bbox)
-    labels = [t.get_text() for t in panel.axes["spec acceptance"].get_yticklabels()]
-    assert any(t.endswith("M") for t in labels), labels
+    # The second panel grows the same way: its unchanged-legend strips are the first one's, copied.
+    dashboard._AXIS_STRIPS.clear()
+    for second in (False, True):
+        rng = np.random.default_rng(1)
+        panel = LivePanel()
+        panel.draw(_panel_data(rng, 0.1), 60.0)
+        for k, (scale, lines) in enumerate([(3, 1), (40, 2), (900, 3), (2e4, 3), (3e6, 3)]):
+            panel.last_full = -math.inf  # a growth is due
+            before = panel.panel_redraws
+            panel.draw(_panel_data(rng, scale, lines), 60.0)
+            assert panel.panel_redraws - before == 8, (k, panel.panel_redraws)
+            panel.canvas.restore_region(panel.background)
+            repainted = np.asarray(panel.canvas.buffer_rgba()).copy()
+            panel.canvas.draw()  # the oracle: everything drawn again from scratch
+            full = np.asarray(panel.canvas.buffer_rgba())
+            assert np.array_equal(repainted, full), f"growth {k}: {(repainted != full).any(-1).sum()} pixels differ"
+            panel.background = panel.canvas.copy_from_bbox(panel.fig.bbox)
+        labels = [t.get_text() for t in panel.axes["spec acceptance"].get_yticklabels()]
+        assert any(t.endswith("M") for t in labels), labels
+        # legends unchanged: the four one-line panels at all 5 growths, the others at growths
+        # 0, 3 and 4: 32 narrow strips, all copied the second time
+        assert panel.cached_strips == (32 if second else 0), panel.cached_strips
 
 
 def test_widget_gets_frames_and_numbers():

@@ -30,6 +30,7 @@ kept in ``last_frame`` (JPEG bytes); only the widget is not shown.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import io
 import math
 import threading
@@ -428,6 +429,12 @@ def series(samples: Sequence[Sample], smooth_s: float = 2.0) -> dict[str, dict[s
     return panels
 
 
+# Y axis strips already drawn, by (look, panel, limits): axes grow onto round limits
+# (_nice_ceiling), so a later dashboard in the same process (the next run of a sweep)
+# repaints a grown axis by copying pixels. ~40 KB each, at most this many:
+_AXIS_STRIPS: dict[tuple, Any] = {}
+_AXIS_STRIPS_MAX = 256
+
 PANELS = ("load (req/s)", "output tokens/s", "TTFT (s)", "ITL (s)", "batch and queue", "KV blocks",
           "preemptions", "spec acceptance")
 MAX_LINES = 5  # lines per panel the live renderer keeps (batch, waiting, three classes)
@@ -455,6 +462,16 @@ def headline(s: Sample | None) -> str:
 
 
 # -- drawing --------------------------------------------------------------------------------
+
+def _nice_ceiling(value: float) -> float:
+    """The smallest of 1, 2, 5 times a power of ten that is >= ``value`` (> 0): an axis grows
+    onto round limits, the same ones run after run."""
+    power = 10.0 ** math.floor(math.log10(value))
+    for step in (1, 2, 5, 10):
+        if step * power >= value * (1 - 1e-12):
+            return step * power
+    return 10 * power
+
 
 def _compact(value: float, pos: Any = None) -> str:
     """A tick label of at most ~5 characters: 0.05, 800, 4000, 12k, 3M."""
@@ -503,6 +520,8 @@ class LivePanel:
         self.last_full = -math.inf
         self.full_redraws = 0  # whole-figure draws (the first frame)
         self.panel_redraws = 0  # single panels redrawn because their axis grew
+        self.cached_strips = 0  # ... of which were taken from an earlier panel's drawing
+        self._look: bytes | None = None  # set by the first frame (_freeze_layout)
         self.background = None
         self._strips: dict = {}  # per panel: the pixels an axis growth repaints (see _redraw_panels)
         self._legend_keys: dict[str, tuple] = {}
@@ -533,7 +552,7 @@ class LivePanel:
                        default=0.0)
             y0, y1 = ax.get_ylim()
             if ymax > y1:
-                ax.set_ylim(y0, max(2 * y1, 1.5 * ymax))
+                ax.set_ylim(y0, _nice_ceiling(max(2 * y1, 1.5 * ymax)))
                 changed.append(name)
             keys = tuple(data[name])[:MAX_LINES]
             if keys != self._legend_keys.get(name) and len(keys) > 1:
@@ -555,7 +574,8 @@ class LivePanel:
         every tick label again at each draw to place them). A panel's *strip* is what a
         growing y axis changes, in whole pixels: from the right edge of the panel on its left
         (the figure's edge for the first column) across its tick labels and its axes, and
-        from just under the bottom spine to just under its title."""
+        from just under the bottom spine up to the figure's top, or to under the tick marks
+        of the panel above (its title is in the strip and is drawn again with it)."""
         from matplotlib.transforms import Bbox, IdentityTransform
 
         renderer = self.canvas.get_renderer()
@@ -567,7 +587,14 @@ class LivePanel:
         for k, name in enumerate(names):
             ax = self.axes[name]
             left = math.ceil(self.axes[names[k - 1]].bbox.x1 + 2) if k % 4 else 0
-            top = math.floor(ax.title.get_window_extent(renderer).y0 - 1)
+            # Up to the figure's top (first row) or to under the tick marks of the panel above:
+            # a tick label at the top of the axis reaches above it, next to the title.
+            if k < 4:
+                top = math.floor(self.fig.bbox.y1)
+            else:
+                above = self.axes[names[k - 4]]
+                tick_px = above.xaxis.get_major_ticks()[0].tick1line.get_markersize() * self.fig.dpi / 72
+                top = math.floor(above.bbox.y0 - tick_px - 2)
             bottom = math.floor(ax.bbox.y0 - 2)
             self._strips[name] = Bbox([[left, bottom], [math.ceil(ax.bbox.x1 + 2), top]])
             # A growth alone changes only the tick labels and marks left of the axes: the strip
@@ -576,6 +603,9 @@ class LivePanel:
             self._axis_strips[name] = Bbox([[left, bottom], [math.ceil(ax.bbox.x0 + 1), top]])
         self._legend_x0 = {name: ax.get_legend().get_window_extent(renderer).x0
                            for name, ax in self.axes.items() if ax.get_legend() is not None}
+        # What this panel looks like: its first frame's pixels. Panels that look the same
+        # (same size, style, fonts) draw the same y axis strip for the same limits.
+        self._look = hashlib.blake2b(self.canvas.buffer_rgba(), digest_size=16).digest()
         self._legend_changed.clear()
 
     def _redraw_panels(self, names: list[str]) -> None:
@@ -599,6 +629,11 @@ class LivePanel:
             # The whole strip with the legend when the legend changed, or when it reaches into
             # the narrow strip (it does not with the defaults); else the narrow strip, no legend.
             wide = name in self._legend_changed or self._legend_x0.get(name, math.inf) < self._axis_strips[name].x1
+            key = None if wide else (self._look, name, ax.get_ylim())
+            if key in _AXIS_STRIPS:  # drawn before, by a panel that looks the same
+                strips.append(_AXIS_STRIPS[key])
+                self.cached_strips += 1
+                continue
             legend = ax.get_legend() if wide else None
             box = self._strips[name] if wide else self._axis_strips[name]
             self.canvas.restore_region(self.background)
@@ -609,12 +644,14 @@ class LivePanel:
             # in ax.draw's order: the face first, then by zorder (axes 1.5, spines 2.5, legend 5)
             ax.patch.draw(renderer)
             ticks = [(ax.xaxis.get_zorder(), t.tick1line) for t in ax.xaxis.get_major_ticks() if t.get_visible()]
-            rest = [(a.get_zorder(), a) for a in (*ax.spines.values(), ax.yaxis, legend) if a is not None]
+            rest = [(a.get_zorder(), a) for a in (*ax.spines.values(), ax.yaxis, ax.title, legend) if a is not None]
             for _, artist in sorted(ticks + rest, key=lambda za: za[0]):
                 artist.draw(renderer)
             if legend is not None:
                 self._legend_x0[name] = legend.get_window_extent(renderer).x0
             strips.append(self.canvas.copy_from_bbox(box))
+            if key is not None and len(_AXIS_STRIPS) < _AXIS_STRIPS_MAX:
+                _AXIS_STRIPS[key] = strips[-1]
         self.canvas.restore_region(self.background)
         for strip in strips:
             self.canvas.restore_region(strip)
@@ -887,7 +924,8 @@ class Dashboard:
     def summary(self) -> dict[str, Any]:
         ft = sorted(self.frame_times)
         return dict(redraws=self.redraws, redraw_hz=self.redraw_hz, full_redraws=self.full_redraws,
-                    panel_redraws=self.panel_redraws, cpu_s=self.cpu_s,
+                    panel_redraws=self.panel_redraws, cached_strips=self.panel.cached_strips if self.panel else 0,
+                    cpu_s=self.cpu_s,
                     loop_cpu_s=self.loop_cpu_s,
                     frame_ms_p50=1000 * ft[len(ft) // 2] if ft else None,
                     frame_ms_max=1000 * ft[-1] if ft else None, errors=list(self.errors))
