@@ -87,3 +87,28 @@ def test_engine_fixed_count_and_auto(restore_threads):
     assert isinstance(eng.threads, threads.ThreadGovernor)  # "auto" on the CPU (Linux: /proc/stat)
     eng = build_engine(EngineConfig(engine="continuous", cpu_threads=None), model_config=TINY, tokenizer=None)
     assert eng.threads is None
+
+
+@pytest.mark.parametrize("command", ["bench", "profile_step"])
+def test_a_command_run_in_process_leaves_torch_threads_as_they_were(command, monkeypatch, restore_threads):
+    """``bench.main([... "--threads", "1"])`` in a notebook or a test sets torch's count for
+    the whole process while it runs; afterwards the process is on its own count again."""
+    from minillm.lab import bench, profile_step
+
+    module, name = (bench, "run_benchmark") if command == "bench" else (profile_step, "profile_decode")
+    real, seen = getattr(module, name), []
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    torch.set_num_threads(2)
+    if command == "bench":
+        argv = ["--dummy-weights", "--workload", "uniform", "--num-requests", "2", "--workload-param", "prompt_len=8",
+                "--workload-param", "output_len=2", "--max-num-seqs", "2", "--no-progress"]
+    else:
+        argv = ["--dummy-weights", "--batch", "1", "--steps", "2", "--context", "8"]
+    assert module.main(argv + ["--threads", "1"]) == 0
+    assert seen and set(seen) == {1}  # the flag held while it ran
+    assert torch.get_num_threads() == 2

@@ -106,6 +106,7 @@ from minillm.config import ATTENTION_BACKENDS, ENGINES, EngineConfig
 from minillm.lab.summary import RunResult, format_class_table, format_table, summarize
 from minillm.lab.workload import WORKLOADS, Workload, make_workload
 from minillm.request import RequestMetrics
+from minillm.threads import keeps_torch_threads
 
 
 MINILLM_ENGINES = tuple(e for e in ENGINES if e != "simple")  # "simple" is continuous with one slot
@@ -629,6 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@keeps_torch_threads
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -27,6 +27,7 @@ from typing import Any
 from minillm.lab.bench import run_minillm
 from minillm.lab.summary import RunResult, summarize
 from minillm.lab.workload import Workload, make_workload, workload_from_lengths
+from minillm.threads import keeps_torch_threads
 
 TARGETS = {"prefill_ratio_max": 0.25, "ttft_p50_speedup_min": 2.0, "interactive_ttft_p95_speedup_min": 3.0,
            "throughput_ratio_min": 0.9}
@@ -137,6 +138,7 @@ def report(pc: dict[str, Any] | None, pr: dict[str, Any] | None) -> tuple[str, d
     return "\n".join(lines), met
 
 
+@keeps_torch_threads
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minillm.lab.many_users", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", metavar="PATH", help="write both experiments' summaries and ratios as JSON")
