@@ -17,12 +17,13 @@ one full matplotlib draw of eight panels takes a few hundred milliseconds, all o
 holding the GIL the engine's thread needs between its torch calls. So the panel is
 drawn the way animations are (*blitting*): axes, ticks and labels are drawn once into a
 background image; each frame restores that image, draws only the lines (as paths,
-straight into the renderer) and encodes a JPEG (a few ms). Axes grow by doubling, at most
-every ``full_redraw_every`` seconds (lines are clipped meanwhile); a growing panel
-repaints only the pixels left of its axes, its tick labels (~5 ms, where redrawing the
-whole panel with its text and legend cost tens). The latest numbers go in an HTML line
-next to the image, which the browser renders. ``measure_overhead`` checks
-the cost: engine throughput with and without a dashboard attached, alternating.
+straight into the renderer) and encodes a JPEG (a few ms). Axes grow (at least doubling,
+onto round limits: 1, 2, 5 x 10^k), at most every ``full_redraw_every`` seconds (lines are
+clipped meanwhile); a growing panel repaints only the pixels left of its axes, its tick
+labels (~5 ms, where redrawing the whole panel with its text and legend cost tens). The
+latest numbers go in an HTML line next to the image, which the browser renders.
+``measure_overhead`` checks the cost: engine throughput with and without a dashboard
+attached, alternating.
 
 Headless (no display, nbval, a script), everything still runs: frames are drawn and
 kept in ``last_frame`` (JPEG bytes); only the widget is not shown.
@@ -466,6 +467,8 @@ def headline(s: Sample | None) -> str:
 def _nice_ceiling(value: float) -> float:
     """The smallest of 1, 2, 5 times a power of ten that is >= ``value`` (> 0): an axis grows
     onto round limits, the same ones run after run."""
+    if not math.isfinite(value) or value <= 0:
+        return value
     power = 10.0 ** math.floor(math.log10(value))
     for step in (1, 2, 5, 10):
         if step * power >= value * (1 - 1e-12):
@@ -641,7 +644,7 @@ class LivePanel:
                               facecolor=self.fig.get_facecolor(), edgecolor="none")
             patch.set_figure(self.fig)
             patch.draw(renderer)
-            # in ax.draw's order: the face first, then by zorder (axes 1.5, spines 2.5, legend 5)
+            # in ax.draw's order: the face first, then by zorder (axes 1.5, spines 2.5, title 3, legend 5)
             ax.patch.draw(renderer)
             ticks = [(ax.xaxis.get_zorder(), t.tick1line) for t in ax.xaxis.get_major_ticks() if t.get_visible()]
             rest = [(a.get_zorder(), a) for a in (*ax.spines.values(), ax.yaxis, ax.title, legend) if a is not None]
