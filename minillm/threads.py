@@ -21,7 +21,7 @@ integer fixes the count; ``None`` leaves torch's setting alone.
 """
 from __future__ import annotations
 
-import functools
+import contextlib
 import os
 import time
 
@@ -119,21 +119,20 @@ class ThreadGovernor:
         return n
 
 
-def keeps_torch_threads(fn):
-    """For a command's ``main``: torch's thread count after it returns is the one before.
+@contextlib.contextmanager
+def keeps_torch_threads():
+    """Torch's thread count afterwards is the one before: ``with keeps_torch_threads():``,
+    or ``@keeps_torch_threads()`` on a command's ``main``.
 
     ``--threads`` (and a governor) set torch's count for the whole process; a command run
     in a notebook or a test (``bench.main([...])``) must not leave the rest of that process
     on its setting."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        n = torch.get_num_threads()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if torch.get_num_threads() != n:
-                torch.set_num_threads(n)
-    return run
+    n = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
 
 
 def make_governor(cpu_threads, device: torch.device) -> ThreadGovernor | None:

@@ -27,10 +27,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def _torch_threads_as_before():
     """Each test starts with torch's thread count as the session began: a test that sets it
     (``--threads``, a thread governor) must not make every later test run on its setting."""
-    n = torch.get_num_threads()
-    yield
-    if torch.get_num_threads() != n:
-        torch.set_num_threads(n)
+    from minillm.threads import keeps_torch_threads
+
+    with keeps_torch_threads():
+        yield
 
 
 def pytest_collection_modifyitems(config, items):

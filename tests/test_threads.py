@@ -12,13 +12,6 @@ TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_la
                    num_kv_heads=2, head_dim=16, max_position_embeddings=256)
 
 
-@pytest.fixture
-def restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 class FakeClock:
     """Stands in for /proc/stat, this process's CPU time and the monotonic clock."""
 
@@ -46,7 +39,7 @@ def test_threads_for_leaves_the_cores_others_use(monkeypatch):
     assert gov.threads_for(1.0) == 8  # never more than the ceiling
 
 
-def test_governor_drops_to_one_thread_next_to_a_busy_program_and_comes_back(monkeypatch, restore_threads):
+def test_governor_drops_to_one_thread_next_to_a_busy_program_and_comes_back(monkeypatch):
     clock = FakeClock(monkeypatch)
     torch.set_num_threads(2)
     gov = threads.ThreadGovernor(max_threads=2, interval=0.5, smoothing=0.0)
@@ -60,7 +53,7 @@ def test_governor_drops_to_one_thread_next_to_a_busy_program_and_comes_back(monk
     assert gov.changes == 2
 
 
-def test_smoothing_ignores_one_short_burst(monkeypatch, restore_threads):
+def test_smoothing_ignores_one_short_burst(monkeypatch):
     clock = FakeClock(monkeypatch)
     torch.set_num_threads(2)
     gov = threads.ThreadGovernor(max_threads=2, interval=0.5, smoothing=0.5)
@@ -69,7 +62,7 @@ def test_smoothing_ignores_one_short_burst(monkeypatch, restore_threads):
     assert gov.tick() == 2
 
 
-def test_user_thread_count_is_the_ceiling(monkeypatch, restore_threads):
+def test_user_thread_count_is_the_ceiling(monkeypatch):
     torch.set_num_threads(1)
     assert threads.ThreadGovernor().max_threads == 1
 
@@ -80,7 +73,7 @@ def test_cpu_threads_rejects_bad_values(bad):
         EngineConfig(cpu_threads=bad)
 
 
-def test_engine_fixed_count_and_auto(restore_threads):
+def test_engine_fixed_count_and_auto():
     eng = build_engine(EngineConfig(engine="continuous", cpu_threads=1), model_config=TINY, tokenizer=None)
     assert eng.threads is None and torch.get_num_threads() == 1
     eng = build_engine(EngineConfig(engine="continuous"), model_config=TINY, tokenizer=None)
@@ -90,7 +83,7 @@ def test_engine_fixed_count_and_auto(restore_threads):
 
 
 @pytest.mark.parametrize("command", ["bench", "profile_step"])
-def test_a_command_run_in_process_leaves_torch_threads_as_they_were(command, monkeypatch, restore_threads):
+def test_a_command_run_in_process_leaves_torch_threads_as_they_were(command, monkeypatch):
     """``bench.main([... "--threads", "1"])`` in a notebook or a test sets torch's count for
     the whole process while it runs; afterwards the process is on its own count again."""
     from minillm.lab import bench, profile_step

@@ -630,7 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-@keeps_torch_threads
+@keeps_torch_threads()
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -138,7 +138,7 @@ def report(pc: dict[str, Any] | None, pr: dict[str, Any] | None) -> tuple[str, d
     return "\n".join(lines), met
 
 
-@keeps_torch_threads
+@keeps_torch_threads()
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minillm.lab.many_users", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", metavar="PATH", help="write both experiments' summaries and ratios as JSON")

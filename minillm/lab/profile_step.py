@@ -167,7 +167,7 @@ def format_table(rows: list[dict[str, Any]], floor: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-@keeps_torch_threads
+@keeps_torch_threads()
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minillm.lab.profile_step", description=__doc__.split("\n")[0])
     p.add_argument("--batch", default="1,8,32", help="comma list of batch sizes (default 1,8,32)")
