@@ -13,10 +13,13 @@ them silently: asking for the real model without the file is an error.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import importlib.util
+import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +69,38 @@ def read_config(path: str | os.PathLike | None = None) -> ModelConfig:
 
 @functools.lru_cache(maxsize=8)
 def _read_config(path: str, size: int, mtime_ns: int) -> ModelConfig:
-    # Parsing the GGUF header walks every tensor entry: cache it per file version.
+    # Parsing the GGUF's metadata (the whole vocabulary with it) takes seconds in Python:
+    # once per file version on disk (a small JSON next to the weights cache), once per process.
+    cached = _cache_path(Path(path), "config.json")
+    try:
+        return ModelConfig(**json.loads(cached.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass  # absent, or written by another version: parse the GGUF
+    cfg = _parse_config(path)
+    _write_atomically(cached, lambda tmp: tmp.write_text(json.dumps(dataclasses.asdict(cfg))))
+    return cfg
+
+
+def _write_atomically(target: Path, write) -> None:
+    """``write(tmp)`` then rename to ``target`` (a file, or a folder): a crash never leaves
+    half a cache entry, and of two processes writing at once one wins whole. A cache that
+    cannot be written (read-only home) only costs the work again next time."""
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        tmp.replace(target)
+    except OSError:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass  # never written
+
+
+def _parse_config(path: str) -> ModelConfig:
     from gguf import GGUFReader
 
     reader = GGUFReader(path)
@@ -150,10 +184,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MINILLM_CACHE", Path.home() / ".cache" / "minillm"))
 
 
-def _cache_path(path: Path) -> Path:
+def _cache_path(path: Path, what: str = "safetensors") -> Path:
+    """Where the cache keeps ``what`` derived from this version of the GGUF file."""
     st = path.stat()
     key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:v2".encode()).hexdigest()[:16]
-    return cache_dir() / f"{path.stem}-{key}.safetensors"
+    return cache_dir() / f"{path.stem}-{key}.{what}"
 
 
 def load_weights(path: str | os.PathLike | None = None, use_cache: bool = True) -> dict[str, torch.Tensor]:
@@ -166,13 +201,7 @@ def load_weights(path: str | os.PathLike | None = None, use_cache: bool = True) 
         return load_file(str(cached))
     weights = _dequantize_gguf(gguf_path, read_config(gguf_path))
     if use_cache:
-        try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(".tmp")
-            save_file(weights, str(tmp))
-            tmp.replace(cached)  # atomic: a crash never leaves half a cache file
-        except OSError:
-            pass  # a read-only home only costs the dequantization next time
+        _write_atomically(cached, lambda tmp: save_file(weights, str(tmp)))
     return weights
 
 
@@ -207,11 +236,25 @@ def load_tokenizer(path: str | os.PathLike | None = None):
 
 @functools.lru_cache(maxsize=4)
 def _load_tokenizer(path: str, size: int, mtime_ns: int):
-    # Building the tokenizer from the GGUF vocabulary takes seconds: once per file version.
+    # Building the tokenizer from the GGUF's vocabulary and merges takes seconds (~8 s
+    # here): once per file version and transformers version, saved as a tokenizer
+    # folder next to the weights cache, which later processes load in a fraction of that.
+    import transformers
     from transformers import AutoTokenizer
 
     p = Path(path)
-    return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    folder = _cache_path(p, f"tokenizer-transformers{transformers.__version__}")
+    if (folder / "minillm-source.json").is_file():  # written last: the folder is complete
+        return AutoTokenizer.from_pretrained(str(folder))
+    tokenizer = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+
+    def save(tmp: Path) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "minillm-source.json").write_text(json.dumps({"source": path}))
+
+    _write_atomically(folder, save)
+    return tokenizer
 
 
 def load_hf_model(path: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32):

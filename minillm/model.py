@@ -208,7 +208,9 @@ class Llama(nn.Module):
     def __init__(self, cfg: ModelConfig, attention_backend: str = "torch"):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # Weights come from load_weights: the embedding skips its random init (normal_,
+        # which on the meta device where build_model builds costs a 2 s import of torch's compiler).
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

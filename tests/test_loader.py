@@ -44,6 +44,62 @@ def test_cache_round_trip_equals_fresh_dequantization(monkeypatch, tmp_path):
         assert torch.equal(fresh[k], again[k]), k
 
 
+def _fresh_process_caches():
+    # What a new Python process starts with: no config or tokenizer kept in memory.
+    loader._read_config.cache_clear()
+    loader._load_tokenizer.cache_clear()
+
+
+def test_config_and_tokenizer_caches_equal_a_fresh_parse_of_the_gguf(monkeypatch, tmp_path):
+    from transformers import AutoTokenizer
+
+    gguf = loader.find_gguf()
+    parsed = loader._parse_config(str(gguf))
+    reference = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
+    _fresh_process_caches()
+    try:
+        first_cfg, first_tok = loader.read_config(), loader.load_tokenizer()  # parse, write the caches
+        written = sorted(p.name.split(".", 2)[-1] for p in tmp_path.iterdir())
+        assert any(n == "config.json" for n in written) and any(n.startswith("tokenizer-") for n in written), written
+        assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name], "a temporary cache entry was left behind"
+        _fresh_process_caches()
+        cfg, tok = loader.read_config(), loader.load_tokenizer()  # read the caches
+        assert cfg == first_cfg == parsed
+        assert cfg.rms_norm_eps == parsed.rms_norm_eps  # the float32 epsilon survives JSON exactly
+        texts = ["Hello, world!", "  spaces\tand tabs\n\nnewlines", "héllo wörld 你好 🎉 ∑x²",
+                 "<|im_start|>user\nhi<|im_end|>", "def f(x):\n    return x**2  # comment", ""]
+        for t in texts:
+            assert tok.encode(t) == reference.encode(t) == first_tok.encode(t), t
+            assert tok.decode(reference.encode(t)) == reference.decode(reference.encode(t)), t
+        chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+        assert (tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+                == reference.apply_chat_template(chat, add_generation_prompt=True, tokenize=False))
+        assert (tok.bos_token_id, tok.eos_token_id, len(tok), tok.all_special_tokens) == \
+            (reference.bos_token_id, reference.eos_token_id, len(reference), reference.all_special_tokens)
+
+        # A damaged config entry is parsed again and rewritten, not trusted.
+        (entry,) = tmp_path.glob("*.config.json")
+        entry.write_text('{"vocab_size": 7')
+        _fresh_process_caches()
+        assert loader.read_config() == parsed
+        assert loader.ModelConfig(**__import__("json").loads(entry.read_text())) == parsed
+    finally:
+        _fresh_process_caches()
+
+
+def test_a_cache_that_cannot_be_written_costs_only_time(monkeypatch, tmp_path):
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")  # the cache folder's path is a file: every write fails
+    monkeypatch.setenv("MINILLM_CACHE", str(blocked / "cache"))
+    _fresh_process_caches()
+    try:
+        assert loader.read_config() == loader._parse_config(str(loader.find_gguf()))
+        assert loader.load_tokenizer().encode("Hello") == loader.load_tokenizer().encode("Hello")
+    finally:
+        _fresh_process_caches()
+
+
 def test_dummy_weights_are_seeded_and_never_silent(monkeypatch, tmp_path):
     cfg = ModelConfig(num_layers=2)
     a, b = loader.dummy_weights(cfg, seed=1), loader.dummy_weights(cfg, seed=1)
