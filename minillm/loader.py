@@ -258,13 +258,47 @@ def _load_tokenizer(path: str, size: int, mtime_ns: int):
 
 
 def load_hf_model(path: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32):
-    """transformers' LlamaForCausalLM loaded from the same GGUF: the reference we test against."""
+    """transformers' LlamaForCausalLM loaded from the same GGUF: the reference we test against.
+
+    transformers reads and dequantizes the GGUF itself (none of minillm's loading is
+    involved, so the oracle checks it); that takes ~25 s here, so the float32 model it
+    builds is saved once per GGUF version and transformers version (config and
+    safetensors, next to minillm's own cache) and later loads read that folder. Other
+    dtypes are cast from the float32 weights, as transformers does from the GGUF.
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
     from transformers import AutoModelForCausalLM
 
     p = find_gguf(path)
-    model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=dtype)
+    folder = _cache_path(p, f"hf-oracle-transformers{transformers.__version__}")
+    for attempt in range(2):
+        if (folder / "minillm-source.json").is_file():  # written last: the folder is complete
+            return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).eval()
+        if attempt == 0:
+            model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32)
+            _write_atomically(folder, lambda tmp: _save_hf_model(model, tmp, source=str(p)))
+    # the cache could not be written: transformers from the GGUF, every time
+    if dtype != torch.float32:
+        model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=dtype)
     return model.eval()
+
+
+def _save_hf_model(model, folder: Path, source: str) -> None:
+    """A model transformers loaded from a GGUF, as a plain float32 model folder."""
+    from safetensors.torch import save_file
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):  # the GGUF's tag: these weights are plain floats
+        del config.quantization_config
+    config.save_pretrained(str(folder))
+    state = model.state_dict()
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)  # the same tensor as the embedding; tied again on load
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "minillm-source.json").write_text(json.dumps({"source": source}))
 
 
 def hf_state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:

@@ -88,6 +88,35 @@ def test_config_and_tokenizer_caches_equal_a_fresh_parse_of_the_gguf(monkeypatch
         _fresh_process_caches()
 
 
+@pytest.mark.slow
+def test_the_transformers_oracle_from_its_cache_is_the_one_read_from_the_gguf(monkeypatch, tmp_path):
+    # The oracle must stay transformers' own reading of the GGUF: its cache is written from
+    # that model, and what comes back from the cache computes the same logits, bit for bit.
+    from transformers import AutoModelForCausalLM
+
+    gguf = loader.find_gguf()
+    reference = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                     dtype=torch.float32).eval()
+    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
+    loader.load_hf_model()  # writes the cache
+    (folder,) = [p for p in tmp_path.iterdir() if ".hf-oracle-" in p.name]
+    assert (folder / "model.safetensors").is_file() and not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+    ids = torch.tensor([[1, 504, 3458, 314, 260, 1345, 30, 2, 17, 4096]])
+    with torch.no_grad():
+        want = reference(ids).logits
+    for dtype in (torch.float32, torch.bfloat16):
+        model = loader.load_hf_model(dtype=dtype)  # from the cache
+        assert getattr(model.config, "quantization_config", None) is None
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(), "head no longer tied"
+        got, ref_state = model.state_dict(), reference.state_dict()
+        assert got.keys() == ref_state.keys()
+        for k in got:
+            assert torch.equal(got[k], ref_state[k].to(dtype)), k
+        if dtype == torch.float32:
+            with torch.no_grad():
+                assert torch.equal(model(ids).logits, want)
+
+
 def test_a_cache_that_cannot_be_written_costs_only_time(monkeypatch, tmp_path):
     blocked = tmp_path / "file-not-folder"
     blocked.write_text("")  # the cache folder's path is a file: every write fails
