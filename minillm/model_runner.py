@@ -81,14 +81,15 @@ def untouched_zeros(shape: tuple[int, ...], device: torch.device | str = "cpu",
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A zero CPU tensor whose pages the process has not touched yet.
 
-    ``torch.zeros`` writes every byte at once. NumPy's zeros ask the C library for
-    memory that is already zero (``calloc``): a large block comes straight from the
-    operating system, which hands out a zero page only when the page is first used.
-    A KV cache is mostly never used (it is sized for the longest sequences), so it
-    costs neither the time to clear it nor the memory until tokens land in it. The
-    tensor is a view of that buffer, aligned to 64 bytes as torch's own are.
+    ``torch.zeros`` writes every byte at once. This tensor is a view of an anonymous
+    memory map instead, which the operating system hands out as zero pages only when
+    each page is first written. A KV cache is mostly never used (it is sized for the
+    longest sequences), so it costs neither the time to clear it nor the memory until
+    tokens land in it; a first write into a 4 KB page costs microseconds (measured
+    here: +0.4 ms per decode step of 8 rows over 60 cache tensors). Huge pages are
+    not asked for: faulting in a 2 MB page took milliseconds here, inside a step.
     """
-    import numpy as np
+    import mmap
 
     if torch.device(device).type != "cpu":
         raise ValueError(f"untouched_zeros makes CPU tensors; use torch.zeros on {device}")
@@ -96,9 +97,10 @@ def untouched_zeros(shape: tuple[int, ...], device: torch.device | str = "cpu",
     for n in shape:
         numel *= n
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    raw = torch.from_numpy(np.zeros(nbytes + 64, dtype=np.uint8))
-    start = -raw.data_ptr() % 64
-    return raw[start:start + nbytes].view(dtype).view(shape)
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    # frombuffer keeps the map alive as long as the tensor; the map is page aligned.
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
 
 
 def kv_cache_bytes(kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
