@@ -129,6 +129,26 @@ def test_a_cache_that_cannot_be_written_costs_only_time(monkeypatch, tmp_path):
         _fresh_process_caches()
 
 
+def test_the_cache_is_keyed_on_the_gguf_contents_not_its_path_or_install_time(tmp_path):
+    import os
+    import shutil
+
+    gguf = loader.find_gguf()
+    a, b = tmp_path / "a" / gguf.name, tmp_path / "b" / gguf.name
+    for p in (a, b):
+        p.parent.mkdir()
+        shutil.copyfile(gguf, p)  # as a second virtualenv installs it
+    os.utime(b, ns=(1_000_000_000, 1_000_000_000))
+    assert loader.cache_key(a) == loader.cache_key(b) == loader.cache_key(gguf)
+    assert loader._cache_path(a) == loader._cache_path(b)
+    with open(b, "r+b") as f:  # another file (one byte changed) is another entry
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    assert loader.cache_key(b) != loader.cache_key(a)
+
+
 def test_dummy_weights_are_seeded_and_never_silent(monkeypatch, tmp_path):
     cfg = ModelConfig(num_layers=2)
     a, b = loader.dummy_weights(cfg, seed=1), loader.dummy_weights(cfg, seed=1)

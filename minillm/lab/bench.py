@@ -267,10 +267,8 @@ def vllm_model_dir(dummy_weights: bool = False) -> Path:
 
     Written once by transformers' ``save_pretrained`` from the weights minillm loads from the
     GGUF (and the GGUF's tokenizer) into $MINILLM_CACHE (default ~/.cache/minillm), named
-    after the GGUF file's version; later runs reuse it. ``dummy_weights``: minillm's seeded
+    after the GGUF file's contents (``loader.cache_key``); later runs reuse it. ``dummy_weights``: minillm's seeded
     dummy weights, no tokenizer."""
-    import hashlib
-
     from minillm import loader
     from minillm.config import ModelConfig
 
@@ -278,9 +276,7 @@ def vllm_model_dir(dummy_weights: bool = False) -> Path:
         name = "hf-dummy-seed0"
     else:
         gguf = loader.find_gguf()
-        st = gguf.stat()
-        key = hashlib.sha1(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-        name = f"hf-{gguf.stem}-{key}"
+        name = f"hf-{gguf.stem}-{loader.cache_key(gguf)}"
     folder = loader.cache_dir() / name
     if (folder / "minillm-source.json").is_file():  # written last: the folder is complete
         return folder
