@@ -100,6 +100,34 @@ def _write_atomically(target: Path, write) -> None:
                 pass  # never written
 
 
+FOLDER_MARK = "minillm-source.json"  # written last into a cache folder: the folder is complete
+
+
+def cached_folder(folder: Path, write, source: str) -> bool:
+    """Make sure the cache folder ``folder`` is complete, writing it if it is not.
+
+    ``write(tmp)`` fills an empty folder under a temporary name; then ``FOLDER_MARK``
+    (naming ``source``) goes in last and the folder is renamed into place, so a folder
+    with the mark is whole, and of two processes writing at once one wins whole.
+    ``write`` is called only when the folder is missing. Returns whether ``folder`` is
+    complete now; False means the cache could not be written (a read-only home), and
+    the caller does without it. A folder without the mark is a leftover and is replaced.
+    """
+    if (folder / FOLDER_MARK).is_file():
+        return True
+    if folder.is_dir():  # no mark: left half-written (folders only ever arrive whole, by rename)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def fill(tmp: Path) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a process with this pid that died
+        tmp.mkdir(parents=True)
+        write(tmp)
+        (tmp / FOLDER_MARK).write_text(json.dumps({"source": source}))
+
+    _write_atomically(folder, fill)
+    return (folder / FOLDER_MARK).is_file()
+
+
 def _parse_config(path: str) -> ModelConfig:
     from gguf import GGUFReader
 
@@ -264,17 +292,14 @@ def _load_tokenizer(path: str, size: int, mtime_ns: int):
 
     p = Path(path)
     folder = _cache_path(p, f"tokenizer-transformers{transformers.__version__}")
-    if (folder / "minillm-source.json").is_file():  # written last: the folder is complete
+    if cached_folder(folder, lambda tmp: _from_gguf(AutoTokenizer, p).save_pretrained(str(tmp)), source=path):
         return AutoTokenizer.from_pretrained(str(folder))
-    tokenizer = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    return _from_gguf(AutoTokenizer, p)  # the cache could not be written: from the GGUF, every time
 
-    def save(tmp: Path) -> None:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tokenizer.save_pretrained(str(tmp))
-        (tmp / "minillm-source.json").write_text(json.dumps({"source": path}))
 
-    _write_atomically(folder, save)
-    return tokenizer
+def _from_gguf(auto_class, p: Path, **kwargs):
+    """transformers' own reading of the GGUF at ``p`` (``AutoTokenizer``, ``AutoModelForCausalLM``)."""
+    return auto_class.from_pretrained(str(p.parent), gguf_file=p.name, **kwargs)
 
 
 def load_hf_model(path: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32):
@@ -292,24 +317,19 @@ def load_hf_model(path: str | os.PathLike | None = None, dtype: torch.dtype = to
 
     p = find_gguf(path)
     folder = _cache_path(p, f"hf-oracle-transformers{transformers.__version__}")
-    for attempt in range(2):
-        if (folder / "minillm-source.json").is_file():  # written last: the folder is complete
-            return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).eval()
-        if attempt == 0:
-            model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32)
-            _write_atomically(folder, lambda tmp: _save_hf_model(model, tmp, source=str(p)))
-    # the cache could not be written: transformers from the GGUF, every time
-    if dtype != torch.float32:
-        model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=dtype)
-    return model.eval()
+
+    def write(tmp: Path) -> None:
+        _save_hf_model(_from_gguf(AutoModelForCausalLM, p, dtype=torch.float32), tmp)
+
+    if cached_folder(folder, write, source=str(p)):
+        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).eval()
+    return _from_gguf(AutoModelForCausalLM, p, dtype=dtype).eval()  # the cache could not be written
 
 
-def _save_hf_model(model, folder: Path, source: str) -> None:
-    """A model transformers loaded from a GGUF, as a plain float32 model folder."""
+def _save_hf_model(model, folder: Path) -> None:
+    """A model transformers loaded from a GGUF, as a plain float32 model folder (into ``folder``, which exists)."""
     from safetensors.torch import save_file
 
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
     config = copy.deepcopy(model.config)
     if hasattr(config, "quantization_config"):  # the GGUF's tag: these weights are plain floats
         del config.quantization_config
@@ -318,7 +338,6 @@ def _save_hf_model(model, folder: Path, source: str) -> None:
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # the same tensor as the embedding; tied again on load
     save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "minillm-source.json").write_text(json.dumps({"source": source}))
 
 
 def hf_state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:

@@ -192,3 +192,33 @@ def test_peer_replay_loop_with_a_fake_engine(capsys):
     assert [r["token_ids"] for r in recs] == [[3, 4, 5], [2]]
     assert len(recs[0]["token_times"]) == 3 and recs[0]["finish_time"] == recs[0]["token_times"][-1] == end
     assert recs[1]["finish_time"] == recs[1]["token_times"][0] < end and recs[0]["arrival_time"] == start
+
+
+def test_the_model_folder_for_vllm_is_written_once(tmp_path, monkeypatch):
+    import torch
+    from safetensors.torch import load_file
+
+    from minillm import loader
+    from minillm.config import ModelConfig
+
+    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
+    folder = bench.vllm_model_dir(dummy_weights=True)
+    assert folder.parent == tmp_path and (folder / "config.json").is_file()
+    assert json.loads((folder / loader.FOLDER_MARK).read_text())["source"].startswith("minillm dummy weights")
+    saved = load_file(str(folder / "model.safetensors"))
+    want = loader.hf_state_dict(loader.dummy_weights(ModelConfig()), ModelConfig())
+    for name in ("model.embed_tokens.weight", "model.layers.3.self_attn.k_proj.weight", "model.layers.29.mlp.down_proj.weight"):
+        assert torch.equal(saved[name], want[name]), name
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name], "a temporary folder was left behind"
+
+    def must_not_write(*args, **kwargs):
+        raise AssertionError("the complete folder was written again")
+
+    monkeypatch.setattr(loader, "hf_model_from_weights", must_not_write)
+    assert bench.vllm_model_dir(dummy_weights=True) == folder
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("MINILLM_CACHE", str(blocked / "cache"))
+    with pytest.raises(OSError, match="MINILLM_CACHE"):
+        bench.vllm_model_dir(dummy_weights=True)

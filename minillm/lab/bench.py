@@ -278,31 +278,25 @@ def vllm_model_dir(dummy_weights: bool = False) -> Path:
         gguf = loader.find_gguf()
         name = f"hf-{gguf.stem}-{loader.cache_key(gguf)}"
     folder = loader.cache_dir() / name
-    if (folder / "minillm-source.json").is_file():  # written last: the folder is complete
-        return folder
-    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-    # minillm's own float32 weights under transformers' Llama names (a model transformers loads
-    # from the GGUF keeps a quantization tag and refuses save_pretrained).
-    if dummy_weights:
-        cfg = ModelConfig()
-        weights, tokenizer, source = loader.dummy_weights(cfg), None, "minillm dummy weights, seed 0"
-    else:
-        cfg = loader.read_config(gguf)
-        weights, tokenizer, source = loader.load_weights(gguf), loader.load_tokenizer(gguf), str(gguf)
-    model = loader.hf_model_from_weights(weights, cfg)
-    print(f"writing a Hugging Face copy of the model for vLLM to {folder} (once)", file=sys.stderr)
-    import shutil
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(tmp))
-    (tmp / "minillm-source.json").write_text(json.dumps({"source": source}))
-    try:
-        tmp.rename(folder)
-    except OSError:  # another run wrote it first
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (folder / "minillm-source.json").is_file():
-            raise
+
+    def write(tmp: Path) -> None:
+        # minillm's own float32 weights under transformers' Llama names (a model transformers
+        # loads from the GGUF keeps a quantization tag and refuses save_pretrained).
+        if dummy_weights:
+            cfg = ModelConfig()
+            weights, tokenizer = loader.dummy_weights(cfg), None
+        else:
+            cfg = loader.read_config(gguf)
+            weights, tokenizer = loader.load_weights(gguf), loader.load_tokenizer(gguf)
+        print(f"writing a Hugging Face copy of the model for vLLM to {folder} (once)", file=sys.stderr)
+        loader.hf_model_from_weights(weights, cfg).save_pretrained(str(tmp))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+
+    source = "minillm dummy weights, seed 0" if dummy_weights else str(gguf)
+    if not loader.cached_folder(folder, write, source=source):
+        raise OSError(f"could not write the model folder for vLLM to {folder}: "
+                      "set MINILLM_CACHE to a writable folder")
     return folder
 
 
