@@ -220,6 +220,9 @@ class EngineConfig:
     # CPU: hold the linear weights in oneDNN's packed layout (model.PackedLinear). None = on
     # where it was measured to pay (float32 on an x86 CPU whose torch runs it), True demands it.
     pack_weights: bool | None = None
+    # CPU: run each step's forward as one graph compiled by torch.compile (minillm/compiled.py);
+    # the first steps compile. Greedy tokens as eager's up to float rounding; not bit for bit.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         self._check()
@@ -355,6 +358,7 @@ class ResolvedConfig:
     kv_bytes_per_token: int  # K and V of one token, every layer, in the cache dtype
     placement: Any  # minillm.placement.Placement: device, dtype, attention backend
     pack_weights: bool = False  # CPU linears in oneDNN's packed layout (EngineConfig.pack_weights)
+    compile: bool = False  # the step's forward as one compiled graph (EngineConfig.compile)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -374,6 +378,10 @@ def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
         raise ValueError(f"cuda_graphs=True needs attention_backend='triton' (the torch backend plans each step "
                          f"on the host, which a graph cannot replay), got {place.attention_backend!r}")
     pack = _resolve_pack_weights(config.pack_weights, place)
+    if config.compile:
+        from .compiled import check_compile
+
+        check_compile(place.device, place.attention_backend)
     max_model_len = config.max_model_len or model_config.max_position_embeddings
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(f"max_model_len must be at most the model's context length "
@@ -390,7 +398,8 @@ def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
             kv_bytes_per_token=kv_bytes, num_blocks=config.num_blocks, kv_cache_bytes=config.kv_cache_bytes)
     else:
         block_size, num_blocks = max_model_len, seqs
-    return ResolvedConfig(config.engine, max_model_len, seqs, budget, block_size, num_blocks, kv_bytes, place, pack)
+    return ResolvedConfig(config.engine, max_model_len, seqs, budget, block_size, num_blocks, kv_bytes, place, pack,
+                          config.compile)
 
 
 def _resolve_pack_weights(option: bool | None, place: Any) -> bool:

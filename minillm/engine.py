@@ -271,7 +271,8 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
     place = rc.placement
     scheduler = build_scheduler(config, rc, mcfg.eos_token_id)
     model = build_model(mcfg, weights, place.device, place.dtype, place.attention_backend, rc.pack_weights)
-    runner = ModelRunner(model, mcfg, rc.num_blocks, rc.block_size, place.device, place.dtype)
+    runner = ModelRunner(model, mcfg, rc.num_blocks, rc.block_size, place.device, place.dtype,
+                         compile=rc.compile)
     if place.device.type == "cuda" and place.attention_backend == "triton":
         # Compile every Triton variant this engine can reach now, so that no compile
         # (seconds each) lands inside a timed run or a user's first request.

@@ -147,6 +147,8 @@ class PackedLinear(nn.Module):
         return self.weight.to_dense()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # inside LLM(compile=True)'s graph: an opaque op (compiled.py)
+            return torch.ops.minillm.packed_linear(x, self.weight, self.out_features)
         return _packed_linear(x, self.weight)
 
     def extra_repr(self) -> str:
@@ -157,9 +159,10 @@ class PackedLinear(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
         super().__init__()
         self.cfg = cfg
+        self.layer_idx = layer_idx  # which of the step's KV caches is this layer's (compiled.py)
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=False)
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
         self.scale = cfg.head_dim ** -0.5
@@ -173,6 +176,9 @@ class Attention(nn.Module):
         qk = apply_rope(qk.view(T, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim), cos, sin)
         q, k = qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]  # [T, Hq, D], [T, Hkv, D]
         v = v.view(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
+        if meta is None:  # inside a compiled step (compiled.py): write and attend in one opaque op
+            o = torch.ops.minillm.attention(q, k, v, self.layer_idx, self.scale)
+            return self.o_proj(o.reshape(T, cfg.q_size))
         write, attend = backend
         k_cache, v_cache = kv_cache
         write(k, v, k_cache, v_cache, meta.slot_mapping)  # this step's K/V join the cache first
@@ -192,10 +198,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
         super().__init__()
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer_idx)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -211,7 +217,7 @@ class Llama(nn.Module):
         # Weights come from load_weights: the embedding skips its random init (normal_,
         # which on the meta device where build_model builds costs a 2 s import of torch's compiler).
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope: RopeTable | None = None  # built on the weights' device (build_model, or the first forward)
@@ -239,14 +245,18 @@ class Llama(nn.Module):
         if missing or unexpected:
             raise ValueError(f"weights do not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """input_ids, positions: [T] -> final hidden states [T, hidden]."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden].
+
+        ``meta`` and ``kv_caches`` None: traced by ``compiled.CompiledForward``, whose
+        attention op finds them in the step's context.
+        """
         cos, sin = self.build_rope()(positions)  # [T, D] each, float32
         h = self.embed(input_ids)  # [T, hidden]
         if cos.dtype != h.dtype:
             cos, sin = cos.to(h.dtype), sin.to(h.dtype)
-        for layer, kv in zip(self.layers, kv_caches):
+        for layer, kv in zip(self.layers, kv_caches if kv_caches is not None else [None] * len(self.layers)):
             h = layer(h, cos, sin, meta, kv, self._backend)
         return self.norm(h)
 

@@ -195,13 +195,18 @@ class ModelRunner:
     """Owns the model and its KV cache; runs one step's forward."""
 
     def __init__(self, model, cfg: ModelConfig, num_blocks: int, block_size: int,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, compile: bool = False):
         self.model = model
         self.cfg = cfg
         self.block_size = block_size
         self.device = device
         self.kv_caches = allocate_kv_cache(cfg, num_blocks, block_size, device, dtype)
         self.graphs: DecodeGraphs | None = None  # set by capture_cuda_graphs
+        self.forward = model  # or the model's forward compiled into one graph (compiled.py)
+        if compile:
+            from .compiled import CompiledForward
+
+            self.forward = CompiledForward(model)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -218,7 +223,7 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.can_replay(out, b):
             logits = self.graphs.replay(b)
             return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts, b.sampling_table)
-        hidden = self.model(b.input_ids, b.positions, b.meta, self.kv_caches)  # [T, hidden]
+        hidden = self.forward(b.input_ids, b.positions, b.meta, self.kv_caches)  # [T, hidden]
         logits = self.model.compute_logits(hidden[b.logits_index])  # [S, V]
         return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts, b.sampling_table)
 
@@ -310,12 +315,13 @@ class DecodeGraphs:
 
 @torch.inference_mode()
 def prompt_logits(model, token_ids: list[int], chunk_size: int | None = None,
-                  block_size: int = 16) -> torch.Tensor:
+                  block_size: int = 16, forward=None) -> torch.Tensor:
     """Logits at every position of one prompt: [len(token_ids), vocab] float32.
 
     Runs the same flat varlen path as the engines, on a private paged cache, feeding the
     prompt whole or in chunks of ``chunk_size`` tokens (each chunk attends to the cached
-    ones before it). Used to compare our forward with transformers'.
+    ones before it). Used to compare our forward with transformers'. ``forward``: another
+    callable with the model's signature that runs it (``compiled.CompiledForward``).
     """
     p = next(model.parameters())
     n = len(token_ids)
@@ -330,6 +336,6 @@ def prompt_logits(model, token_ids: list[int], chunk_size: int | None = None,
     while req.num_computed_tokens < n:
         k = min(step, n - req.num_computed_tokens)
         b = build_batch([ScheduledRequest(req, k)], block_size, p.device)
-        out.append(model.compute_logits(model(b.input_ids, b.positions, b.meta, caches)))
+        out.append(model.compute_logits((forward or model)(b.input_ids, b.positions, b.meta, caches)))
         req.num_computed_tokens += k
     return torch.cat(out)

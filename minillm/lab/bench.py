@@ -441,12 +441,14 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                   speculative: dict | None = None, enable_prefix_caching: bool = False,
                   scheduling_policy: str = "fcfs", queue_timeouts: dict | None = None,
                   dtype: str | None = None, threads: int | None = None,
-                  vllm_enforce_eager: bool = False) -> list[RunResult]:
+                  vllm_enforce_eager: bool = False, compile: bool = False) -> list[RunResult]:
     """Run ``engines`` one after the other on ``workload`` in this process (vllm in a subprocess).
 
     ``speculative`` (the ``LLM(speculative=...)`` dict), ``enable_prefix_caching`` and
     ``scheduling_policy`` apply to the paged engine; ``queue_timeouts`` to every minillm
-    engine's per-class report. ``dtype`` (None: the device's) is every engine's dtype."""
+    engine's per-class report. ``dtype`` (None: the device's) is every engine's dtype.
+    ``compile``: every minillm engine runs its steps as one compiled graph (``EngineConfig.compile``);
+    its warm-up request compiles it, outside the measurement."""
     from minillm import loader
 
     check_settings(max_num_seqs, max_num_batched_tokens, max_model_len, None)
@@ -472,7 +474,7 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                                   speculative=speculative if name == "paged" else None,
                                   enable_prefix_caching=enable_prefix_caching and name == "paged",
                                   scheduling_policy=scheduling_policy if name == "paged" else "fcfs",
-                                  queue_timeouts=queue_timeouts,
+                                  queue_timeouts=queue_timeouts, compile=compile,
                                   **paged_options(name, block_size, num_blocks, attention_backend))
                for name in MINILLM_ENGINES}
     mcfg = ModelConfig()
@@ -530,7 +532,8 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
         if name in configs:
             cfg = configs[name]
             res.extra.update(enable_prefix_caching=cfg.enable_prefix_caching,
-                             scheduling_policy=cfg.scheduling_policy, queue_timeouts=dict(cfg.queue_timeouts))
+                             scheduling_policy=cfg.scheduling_policy, queue_timeouts=dict(cfg.queue_timeouts),
+                             compile=cfg.compile)
         results.append(res)
         if on_result:
             on_result(res)
@@ -589,6 +592,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dtype of every engine, minillm, transformers and vLLM (default: the device's, "
                         "float32 on the CPU, bfloat16 on CUDA)")
     p.add_argument("--dummy-weights", action="store_true", help="seeded random weights with the real config")
+    p.add_argument("--compile", action="store_true",
+                   help="minillm engines run each step as one graph compiled by torch.compile (CPU, torch attention); "
+                        "compiling takes about a minute, before the measurement")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     g = p.add_argument_group("paged KV cache")
@@ -712,7 +718,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 enable_prefix_caching=args.enable_prefix_caching,
                                 scheduling_policy=args.scheduling_policy, queue_timeouts=timeouts,
                                 dtype=args.dtype, threads=args.threads,
-                                vllm_enforce_eager=args.vllm_enforce_eager)
+                                vllm_enforce_eager=args.vllm_enforce_eager, compile=args.compile)
     except ValueError as e:
         parser.error(str(e))
     except VllmFailed as e:

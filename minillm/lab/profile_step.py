@@ -9,7 +9,8 @@ goes to one bucket:
     attention  scaled_dot_product_attention and the K/V gathers of the paged cache
     kv write   the cache writes of this step's K/V (index_copy_)
     sampling   everything the step runs after the logits (argmax, softmax, noise)
-    other ops  every other op: norms, RoPE, SiLU, residual adds, copies, views
+    other ops  every other op: norms, RoPE, SiLU, residual adds, copies, views (with
+               ``--compile``: the loops inductor generated for them, ``cpp_fused_*``)
     python     the rest of the step's wall time: scheduler, batch building, op dispatch
 
 The floor is one pass over the weights as a batch-1 step reads them: every linear layer of
@@ -145,7 +146,7 @@ def profile_decode(llm, batch: int, context: int = 128, steps: int = 20, profile
     events = prof.events()
     sampling = [(e.time_range.start, e.time_range.end) for e in events if e.name == "minillm::sample"]
     for e in events:
-        if not e.name.startswith(("aten::", "mkldnn::")) or e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"):
+        if not e.name.startswith(("aten::", "mkldnn::", "cpp_fused")) or e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"):
             continue  # only top-level aten ops: their total time includes what they call
         inside = any(a <= e.time_range.start and e.time_range.end <= b for a, b in sampling)
         split[_bucket(e.name, inside)] += e.cpu_time_total / 1e6 / profiled
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dummy-weights", action="store_true", help="random weights with the real config")
     p.add_argument("--plain-weights", action="store_true",
                    help="keep the linear weights dense (pack_weights=False), to compare with the packed layout")
+    p.add_argument("--compile", action="store_true",
+                   help="the step's forward as one compiled graph (LLM(compile=True); the first steps compile)")
     p.add_argument("--json", default=None, help="write the rows and the floor as JSON here")
     args = p.parse_args(argv)
     try:
@@ -197,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         kw["dummy_weights"] = True
     if args.plain_weights:
         kw["pack_weights"] = False
+    if args.compile:
+        kw["compile"] = True
     llm = LLM(**kw)
     floor = weights_floor(llm.engine.model)
     rows = []
@@ -210,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         import json
 
         with open(args.json, "w") as f:
-            json.dump({"engine": args.engine, "dtype": str(llm.engine.model.embed.weight.dtype),
+            json.dump({"engine": args.engine, "compile": args.compile, "dtype": str(llm.engine.model.embed.weight.dtype),
                        "threads": torch.get_num_threads(), "floor": floor, "rows": rows}, f, indent=2)
     return 0
 
