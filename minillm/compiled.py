@@ -26,7 +26,10 @@ graph is one graph for every number of tokens, so a request decodes the same tok
 alone as in any batch (tests/test_compiled.py).
 
 The first step compiles (about a minute for SmolLM2 on two cores; inductor keeps the
-kernels it generated in its disk cache, so a later process compiles faster). CPU and the
+kernels it generated in its disk cache, so a later process compiles faster). torch
+guards a graph on the CPU thread count, and a step at another count compiles again,
+so a compiled engine keeps one count: ``cpu_threads="auto"`` does not move it with the
+load of other programs (threads.py) as it does for eager steps; an integer fixes it. CPU and the
 torch attention backend only: on CUDA, ``cuda_graphs=True`` removes the same overhead.
 """
 from __future__ import annotations

@@ -221,7 +221,8 @@ class EngineConfig:
     # where it was measured to pay (float32 on an x86 CPU whose torch runs it), True demands it.
     pack_weights: bool | None = None
     # CPU: run each step's forward as one graph compiled by torch.compile (minillm/compiled.py);
-    # the first steps compile. Greedy tokens as eager's up to float rounding; not bit for bit.
+    # the first step compiles. Greedy tokens as eager's up to float rounding; not bit for bit.
+    # Keeps torch's thread count (cpu_threads="auto" does not follow other programs' load).
     compile: bool = False
 
     def __post_init__(self) -> None:

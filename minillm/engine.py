@@ -67,8 +67,11 @@ class LLMEngine:
         self._ids = itertools.count()
         self._seed_counter = itertools.count()
         # CPU threads that follow the cores other programs leave free (threads.py); None on
-        # CUDA, with a fixed count, and for the simulator's cost-model runner.
-        self.threads = make_governor(config.cpu_threads, self.device) if self.model is not None else None
+        # CUDA, with a fixed count, and for the simulator's cost-model runner. A compiled
+        # step keeps one count: torch guards its graph on the thread count, and every new
+        # count would compile the step again (a minute for SmolLM2, inside a step).
+        threads = None if config.compile and config.cpu_threads == "auto" else config.cpu_threads
+        self.threads = make_governor(threads, self.device) if self.model is not None else None
 
     # -- requests -------------------------------------------------------------
     def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:

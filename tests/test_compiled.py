@@ -65,6 +65,19 @@ def test_compiled_logits_are_eager_logits_up_to_rounding():
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_compiled_engine_keeps_one_thread_count(monkeypatch):
+    # torch's graph guards the thread count: a governor that moved it between steps
+    # (another program got busy) would compile the whole step again inside a run.
+    from minillm import threads
+
+    monkeypatch.setattr(threads.ThreadGovernor, "tick", lambda self: pytest.fail("a compiled engine moved threads"))
+    eng = _engine(True, engine="paged", block_size=8)
+    assert eng.threads is None
+    _greedy(eng, _prompts(2))
+    if threads.ThreadGovernor().enabled:  # where the governor can read the load (/proc/stat), eager steps keep it
+        assert isinstance(_engine(False, engine="paged", block_size=8).threads, threads.ThreadGovernor)
+
+
 def test_compile_is_refused_where_it_cannot_run():
     with pytest.raises(ValueError, match="compile must be True or False"):
         EngineConfig(compile="yes")
