@@ -234,6 +234,16 @@ def triton_write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     store_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
+def write_and_attend(backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """One layer's attention through ``backend`` (a ``BACKENDS`` pair): this step's K/V join
+    the layer's cache first, then every query attends over its sequence's cached keys."""
+    write, attend = backend
+    k_cache, v_cache = kv_cache
+    write(k, v, k_cache, v_cache, meta.slot_mapping)
+    return attend(q, k_cache, v_cache, meta, scale)  # [T, Hq, D]
+
+
 BACKENDS = {
     "torch": (write_kv, torch_attention),
     "triton": (triton_write_kv, triton_attention),

@@ -38,17 +38,16 @@ from typing import Any
 
 import torch
 
+from . import model
+from .attention import write_and_attend
+
 _STEP: dict[str, Any] = {}  # the running step's metadata, caches and backend (CompiledForward.__call__)
 
 
 @torch.library.custom_op("minillm::attention", mutates_args=())
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
     """This step's K, V into layer ``layer``'s cache, then attention over it: the eager path."""
-    meta, backend = _STEP["meta"], _STEP["backend"]
-    write, attend = backend
-    k_cache, v_cache = _STEP["kv_caches"][layer]
-    write(k, v, k_cache, v_cache, meta.slot_mapping)
-    return attend(q, k_cache, v_cache, meta, scale)
+    return write_and_attend(_STEP["backend"], q, k, v, _STEP["kv_caches"][layer], _STEP["meta"], scale)
 
 
 @_attention.register_fake
@@ -58,9 +57,7 @@ def _(q, k, v, layer, scale):
 
 @torch.library.custom_op("minillm::packed_linear", mutates_args=())
 def _packed_linear(x: torch.Tensor, weight: torch.Tensor, out_features: int) -> torch.Tensor:
-    from .model import _packed_linear as eager
-
-    return eager(x, weight)
+    return model._packed_linear(x, weight)
 
 
 @_packed_linear.register_fake

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import BACKENDS, AttentionMetadata
+from .attention import BACKENDS, AttentionMetadata, write_and_attend
 from .config import ModelConfig
 
 
@@ -176,13 +176,10 @@ class Attention(nn.Module):
         qk = apply_rope(qk.view(T, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim), cos, sin)
         q, k = qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]  # [T, Hq, D], [T, Hkv, D]
         v = v.view(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
-        if meta is None:  # inside a compiled step (compiled.py): write and attend in one opaque op
+        if meta is None:  # inside a compiled step (compiled.py): the same, as one opaque op
             o = torch.ops.minillm.attention(q, k, v, self.layer_idx, self.scale)
-            return self.o_proj(o.reshape(T, cfg.q_size))
-        write, attend = backend
-        k_cache, v_cache = kv_cache
-        write(k, v, k_cache, v_cache, meta.slot_mapping)  # this step's K/V join the cache first
-        o = attend(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
+        else:
+            o = write_and_attend(backend, q, k, v, kv_cache, meta, self.scale)  # [T, Hq, D]
         return self.o_proj(o.reshape(T, cfg.q_size))
 
 
