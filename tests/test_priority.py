@@ -286,26 +286,42 @@ def test_fcfs_is_step_for_step_the_scheduler_before_priorities(setup, seed):
     assert new == old, "the default policy changed: FCFS must stay what it was, whatever the requests' classes"
 
 
-_PREEMPTED_FOR_CLASS = [0]
+_RANDOM_WORKLOADS = dict(setup=caching_setups(), seed=st.integers(0, 2**16), caching=st.booleans(),
+                        zero_timeouts=st.booleans())
+
+
+def _priority_run(setup, seed, caching, zero_timeouts):
+    """One random workload under the priority policy (the checks are in `_trace`'s run); returns
+    how many times the scheduler preempted."""
+    timeouts = ({"interactive": 0, "standard": 0, "batch": 0} if zero_timeouts
+                else {"interactive": math.inf, "standard": math.inf, "batch": math.inf})
+    _, _, sched = _trace(PagedScheduler, setup, seed,
+                         dict(scheduling_policy="priority", queue_timeouts=timeouts,
+                              enable_prefix_caching=caching))
+    return sched.num_preemptions
 
 
 @settings(FAST, max_examples=80)
-@given(setup=caching_setups(), seed=st.integers(0, 2**16), caching=st.booleans(), zero_timeouts=st.booleans())
+@given(**_RANDOM_WORKLOADS)
 def test_priority_policy_random_workloads(setup, seed, caching, zero_timeouts):
     """Solo-run outputs, no leak or deadlock, every row reads its own K/V, with classes mixed,
     timeouts that fire at once or never, with and without prefix caching."""
-    timeouts = ({"interactive": 0, "standard": 0, "batch": 0} if zero_timeouts
-                else {"interactive": math.inf, "standard": math.inf, "batch": math.inf})
-    trace, reqs, sched = _trace(PagedScheduler, setup, seed,
-                                dict(scheduling_policy="priority", queue_timeouts=timeouts,
-                                     enable_prefix_caching=caching))
-    _PREEMPTED_FOR_CLASS[0] += sched.num_preemptions
+    _priority_run(setup, seed, caching, zero_timeouts)
 
 
-def test_priority_random_workloads_preempted():
-    if _PREEMPTED_FOR_CLASS[0] == 0:
-        pytest.skip("run together with test_priority_policy_random_workloads")
-    assert _PREEMPTED_FOR_CLASS[0] >= 50, "the random workloads should preempt often"
+def test_priority_random_workloads_preempt_often():
+    """The workloads above must exercise preemption under priorities. Counted over a fixed draw
+    (derandomized), so the threshold is checked on the same examples in every run: counted over
+    the random draw it once fell to 49."""
+    preempted = [0]
+
+    @settings(FAST, max_examples=80, derandomize=True, database=None)
+    @given(**_RANDOM_WORKLOADS)
+    def run(setup, seed, caching, zero_timeouts):
+        preempted[0] += _priority_run(setup, seed, caching, zero_timeouts)
+
+    run()
+    assert preempted[0] >= 50, f"only {preempted[0]} preemptions in 80 workloads: they should preempt often"
 
 
 # -------------------------------------------------------------- per-class metrics
