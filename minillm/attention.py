@@ -12,8 +12,9 @@ sequence's tokens live in the blocks listed in its row of ``block_tables``; a to
 the special case of one block of ``max_model_len`` tokens per sequence, so the
 contiguous and the paged engines share this code.
 
-Two backends with one signature: ``torch`` (readable, the oracle) and ``triton``
-(``minillm/kernels/``).
+Three backends with one signature: ``torch`` (readable, the oracle), ``cpu`` (the same,
+with a step's decode rows in one call of a small C++ kernel, ``minillm/kernels/cpu_attention.py``)
+and ``triton`` (``minillm/kernels/``).
 """
 from __future__ import annotations
 
@@ -165,21 +166,28 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     attention, in one call instead of one per row (what a decode step of many short
     requests spends its time on). A lone decode row attends over exactly its keys.
     """
+    out = torch.empty_like(q)
+    _attend_rows(q, k_cache, v_cache, meta, scale, out, decode=True)
+    return out
+
+
+def _attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                 scale: float, out: torch.Tensor, decode: bool) -> None:
+    """``torch_attention`` into ``out``; with ``decode=False``, rows of one query are left alone."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
-    out = torch.empty_like(q)
     starts = meta.query_start_loc_list
     decode_seam = seams.plugged("paged_decode_attention")  # a learner's decode attention (chapter 3)
     grouped: dict[int, tuple[int, int]] = {}  # first row -> (rows, longest context), planned once per step
-    if decode_seam is None:
+    if decode_seam is None and decode:
         if "groups" not in meta.plan:
             meta.plan["groups"] = {b0: (g, L) for b0, g, L in
                                    decode_groups(meta.query_lens_list, meta.context_lens_list) if g > 1}
         grouped = meta.plan["groups"]
     skip_to = 0
     for b, (n, ctx) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):
-        if n == 0 or b < skip_to:
+        if n == 0 or b < skip_to or (n == 1 and not decode):
             continue
         s = starts[b]
         if b in grouped:
@@ -213,6 +221,31 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             o = F.scaled_dot_product_attention(qs, k[None], v[None], attn_mask=pos[None, :] <= qpos[:, None],
                                                scale=scale, enable_gqa=True)
         out[s:s + n] = o[0].transpose(0, 1)
+
+
+def cpu_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """``torch_attention`` with every decode row of the step in one call of the CPU kernel
+    (``minillm/kernels/cpu_attention.py``); rows of several queries (prefills, chunks,
+    drafts to verify) attend as in ``torch_attention``. A learner's plugged decode
+    attention, or a dtype the kernel does not take (float16), runs ``torch_attention``."""
+    from minillm.kernels import cpu_attention as kernel
+
+    if q.dtype not in kernel.DTYPES or seams.plugged("paged_decode_attention") is not None:
+        return torch_attention(q, k_cache, v_cache, meta, scale)
+    plan = meta.plan
+    if "decode_rows" not in plan:  # (sequence, token) of each one-query row, once per step
+        starts = meta.query_start_loc_list
+        rows = [(b, starts[b]) for b, n in enumerate(meta.query_lens_list) if n == 1]
+        others = sum(1 for n in meta.query_lens_list if n > 1)
+        plan["decode_rows"] = (torch.tensor(rows, dtype=torch.int64).view(-1, 2), others,
+                               meta.block_tables.to(torch.int32).contiguous(), meta.context_lens.to(torch.int32))
+    rows, others, block_tables, context_lens = plan["decode_rows"]
+    out = torch.empty_like(q)
+    if rows.shape[0]:
+        kernel.decode_attention(q, k_cache, v_cache, block_tables, context_lens, rows, scale, out)
+    if others:
+        _attend_rows(q, k_cache, v_cache, meta, scale, out, decode=False)
     return out
 
 
@@ -246,5 +279,6 @@ def write_and_attend(backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 BACKENDS = {
     "torch": (write_kv, torch_attention),
+    "cpu": (write_kv, cpu_attention),
     "triton": (triton_write_kv, triton_attention),
 }

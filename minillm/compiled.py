@@ -70,8 +70,8 @@ def check_compile(device: torch.device, attention_backend: str) -> None:
     if device.type != "cpu":
         raise ValueError(f"compile=True compiles the CPU step; this engine runs on {device}: on a GPU pass "
                          "cuda_graphs=True (with attention_backend='triton') instead, or compile=False")
-    if attention_backend != "torch":
-        raise ValueError(f"compile=True needs attention_backend='torch' on the CPU, got {attention_backend!r}")
+    if attention_backend not in ("torch", "cpu"):
+        raise ValueError(f"compile=True needs attention_backend='cpu' or 'torch' on the CPU, got {attention_backend!r}")
     import os
     import shutil
 

@@ -186,7 +186,7 @@ class SpeculativeConfig:
         if "method" not in options:
             raise ValueError(f"speculative needs a method: one of {', '.join(SPEC_METHODS)}")
         return cls(**options)
-ATTENTION_BACKENDS = ("torch", "triton")
+ATTENTION_BACKENDS = ("torch", "cpu", "triton")
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -199,7 +199,7 @@ class EngineConfig:
     dummy_weights: bool = False  # seeded random weights with the real config (never silent)
     dtype: str | None = None  # None = the device's default (see device.py)
     device: str | None = None  # None = cuda if available, else cpu
-    attention_backend: str | None = None  # None = triton on CUDA, torch on CPU
+    attention_backend: str | None = None  # None = triton on CUDA; on the CPU cpu (torch where no C++ compiler)
     max_model_len: int | None = None  # None = the model's context length (8192)
     max_num_seqs: int = 8
     max_num_batched_tokens: int | None = None  # None = max_model_len (no budget pressure)

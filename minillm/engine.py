@@ -272,6 +272,10 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
         tokenizer = loader.load_tokenizer(config.model) if _gguf_present(config.model) else None
     rc = config.resolve(mcfg)
     place = rc.placement
+    if place.attention_backend == "cpu":  # build the C++ kernel now (once per machine), not in the first step
+        from .kernels import cpu_attention
+
+        cpu_attention.load()
     scheduler = build_scheduler(config, rc, mcfg.eos_token_id)
     model = build_model(mcfg, weights, place.device, place.dtype, place.attention_backend, rc.pack_weights)
     runner = ModelRunner(model, mcfg, rc.num_blocks, rc.block_size, place.device, place.dtype,

@@ -1,7 +1,8 @@
 """Placement: the one place that decides device, dtype and attention backend.
 
-Rules: CUDA when present (bf16, Triton kernels); otherwise the CPU in fp32 with the
-readable torch attention. bf16 on the CPU is an option (``dtype="bfloat16"``): faster than
+Rules: CUDA when present (bf16, Triton kernels); otherwise the CPU in fp32, with the
+``cpu`` attention backend (the readable torch attention, its decode rows in one call of a
+small C++ kernel built on first use) where a C++ compiler is installed, else ``torch``. bf16 on the CPU is an option (``dtype="bfloat16"``): faster than
 fp32 where the CPU has bf16 matrix instructions (AVX512-BF16, AMX), several times slower
 where it has not (a warning says so); greedy tokens agree with fp32 only up to a point. The Triton backend also runs on the CPU under the Triton
 interpreter (TRITON_INTERPRET=1), which is slow and meant for checking, not speed.
@@ -21,7 +22,7 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 class Placement:
     device: torch.device
     dtype: torch.dtype
-    attention_backend: str  # "torch" | "triton"
+    attention_backend: str  # "torch" | "cpu" | "triton"
 
 
 def cuda_available() -> bool:
@@ -43,7 +44,10 @@ def resolve(device: str | None = None, dtype: str | None = None,
     if dtype is None:
         dtype = "bfloat16" if dev.type == "cuda" else "float32"
     if attention_backend is None:
-        attention_backend = "triton" if dev.type == "cuda" else "torch"
+        attention_backend = "triton" if dev.type == "cuda" else default_cpu_backend()
+    if attention_backend == "cpu" and dev.type != "cpu":
+        raise ValueError(f"attention_backend='cpu' runs on the CPU; on {dev} use attention_backend='triton' "
+                         "(or 'torch')")
     if attention_backend == "triton" and dev.type == "cpu":
         if not triton_interpreter():
             raise ValueError(
@@ -59,6 +63,13 @@ def resolve(device: str | None = None, dtype: str | None = None,
             "(python -m minillm.lab.profile_step --dtype bfloat16 shows by how much). Use dtype='float32' here.",
             stacklevel=3)
     return Placement(dev, _DTYPES[dtype], attention_backend)
+
+
+def default_cpu_backend() -> str:
+    """``cpu`` where its kernel can be built (a C++ compiler is installed), else ``torch``."""
+    from minillm.kernels import cpu_attention
+
+    return "cpu" if cpu_attention.compiler() is not None else "torch"
 
 
 def cpu_has_bf16_matmul() -> bool:

@@ -81,7 +81,7 @@ def test_a_compiled_engine_keeps_one_thread_count(monkeypatch):
 def test_compile_is_refused_where_it_cannot_run():
     with pytest.raises(ValueError, match="compile must be True or False"):
         EngineConfig(compile="yes")
-    with pytest.raises(ValueError, match="compile=True needs attention_backend='torch'"):
+    with pytest.raises(ValueError, match="compile=True needs attention_backend='cpu' or 'torch'"):
         EngineConfig(engine="paged", device="cpu", attention_backend="triton", compile=True).resolve(TINY)
     with pytest.raises(ValueError, match="cuda_graphs=True"):
         check_compile(torch.device("cuda"), "triton")

@@ -12,6 +12,9 @@ raise a clear error when called.
 reaches, for sm_80 and sm_90 without a GPU (``python -m minillm.kernels.aot``), and
 ``warmup(model_config, dtype, block_size, device)`` compiles those variants on a
 GPU before serving (a no-op elsewhere).
+
+One kernel is not Triton: ``cpu_attention`` is the CPU's decode attention in C++ (the
+``cpu`` attention backend), compiled on first use with the system's C++ compiler.
 """
 
 from ._common import A100, H100, HAS_TRITON, GpuSpec

@@ -603,7 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="KV blocks of the paged engine (default: the contiguous engine's bytes, "
                          "max_num_seqs x max_model_len tokens)")
     g.add_argument("--attention-backend", choices=list(ATTENTION_BACKENDS), default=None,
-                    help="attention of the minillm engines (default: triton on CUDA, torch on the CPU)")
+                    help="attention of the minillm engines (default: triton on CUDA; on the CPU cpu, or torch "
+                         "where no C++ compiler is installed)")
     s = p.add_argument_group("speculative decoding (paged engine)")
     s.add_argument("--speculative", choices=["ngram", "model"], default=None,
                    help="drafter: prompt lookup, or a self-draft made of --draft-layers of the model")

@@ -6,7 +6,8 @@ the real engine, and profiles a few of them with the torch profiler. Each op's s
 goes to one bucket:
 
     matmul     the model's linear layers and the LM head (aten::mm / addmm / linear)
-    attention  scaled_dot_product_attention and the K/V gathers of the paged cache
+    attention  scaled_dot_product_attention and the K/V gathers of the paged cache (the
+               ``cpu`` backend: its decode kernel, ``minillm::cpu_decode_attention``)
     kv write   the cache writes of this step's K/V (index_copy_)
     sampling   everything the step runs after the logits (argmax, softmax, noise)
     other ops  every other op: norms, RoPE, SiLU, residual adds, copies, views (with
@@ -35,7 +36,7 @@ BUCKETS = ("matmul", "attention", "kv write", "sampling", "other ops", "python")
 _MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "aten::_weight_int",
            "mkldnn::_linear_pointwise")
 _ATTENTION = ("scaled_dot_product", "flash_attention", "aten::index_select", "aten::_efficient_attention",
-              "aten::_softmax", "aten::baddbmm")
+              "aten::_softmax", "aten::baddbmm", "minillm::cpu_decode_attention")
 
 
 def _bucket(name: str, in_sampling: bool) -> str:
@@ -146,7 +147,7 @@ def profile_decode(llm, batch: int, context: int = 128, steps: int = 20, profile
     events = prof.events()
     sampling = [(e.time_range.start, e.time_range.end) for e in events if e.name == "minillm::sample"]
     for e in events:
-        if not e.name.startswith(("aten::", "mkldnn::", "cpp_fused")) or e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"):
+        if not e.name.startswith(("aten::", "mkldnn::", "cpp_fused", "minillm::cpu_")) or e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"):
             continue  # only top-level aten ops: their total time includes what they call
         inside = any(a <= e.time_range.start and e.time_range.end <= b for a, b in sampling)
         split[_bucket(e.name, inside)] += e.cpu_time_total / 1e6 / profiled
@@ -182,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep the linear weights dense (pack_weights=False), to compare with the packed layout")
     p.add_argument("--compile", action="store_true",
                    help="the step's forward as one compiled graph (LLM(compile=True); the first steps compile)")
+    p.add_argument("--attention-backend", default=None, choices=["torch", "cpu", "triton"],
+                   help="attention of the engine (default: by device; on the CPU cpu where a C++ compiler is installed)")
     p.add_argument("--json", default=None, help="write the rows and the floor as JSON here")
     args = p.parse_args(argv)
     try:
@@ -202,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         kw["pack_weights"] = False
     if args.compile:
         kw["compile"] = True
+    if args.attention_backend is not None:
+        kw["attention_backend"] = args.attention_backend
     llm = LLM(**kw)
     floor = weights_floor(llm.engine.model)
     rows = []
@@ -215,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         import json
 
         with open(args.json, "w") as f:
-            json.dump({"engine": args.engine, "compile": args.compile, "dtype": str(llm.engine.model.embed.weight.dtype),
+            json.dump({"engine": args.engine, "compile": args.compile,
+                       "attention_backend": llm.engine.model.attention_backend, "dtype": str(llm.engine.model.embed.weight.dtype),
                        "threads": torch.get_num_threads(), "floor": floor, "rows": rows}, f, indent=2)
     return 0
 

@@ -1,0 +1,164 @@
+"""Decode attention on the CPU as a small C++ kernel (``cpu_decode_attention.cpp``).
+
+What it computes is ``attention.torch_attention`` for the rows of a step that have one new
+token (the oracle, and what the tests compare it with): each row attends over exactly its
+sequence's cached keys, read through the block table. What it saves is the fixed cost of
+doing that with torch calls: a gather of the row's K/V, then small matrix products whose
+dispatch and packing cost several times the arithmetic of one row (python -m
+minillm.lab.profile_step shows attention's share of a step). The kernel streams each row's
+keys once, for all the query heads that share a KV head, and splits long rows into chunks
+so that every thread has work. It runs on torch's OpenMP threads (the same libgomp, the
+same thread count).
+
+The source is compiled on first use with the system's C++ compiler (g++ or c++; about 2 s)
+into the cache folder (``MINILLM_CACHE``), once per source, compiler and CPU, and loaded
+with ctypes: no build step at install, no Python headers.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_decode_attention.cpp")
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+DTYPES = tuple(_DTYPE_CODES)
+
+_REFUSALS = {1: "at most 16 query heads per KV head and head_dim at most 256",
+             2: "a row has no keys (context length < 1)",
+             4: "a row names a sequence or token outside block_tables / q",
+             5: "a block table entry is outside the cache, or the context needs more blocks than the table has"}
+
+PROFILER_NAME = "minillm::cpu_decode_attention"
+
+_lib = None
+_error: str | None = None
+
+
+def compiler() -> str | None:
+    """The C++ compiler the kernel is built with, or None where there is none."""
+    for name in (os.environ.get("CXX"), "g++", "c++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build(cxx: str, folder: Path) -> None:
+    out = folder / "libminillm_cpu.so"
+    res = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{Path(cxx).name} could not build {SOURCE.name}:\n{res.stderr.strip()[-2000:]}")
+
+
+def load():
+    """The compiled kernel (a ctypes library), building it on first use; RuntimeError with the
+    reason where it cannot be built."""
+    global _lib, _error
+    if _lib is not None:
+        return _lib
+    if _error is not None:
+        raise RuntimeError(_error)
+    from minillm import loader
+
+    cxx = compiler()
+    if cxx is None:
+        _error = ("no C++ compiler (g++ or c++) to build the CPU attention kernel: install one (apt install g++), "
+                  "or pass attention_backend='torch'")
+        raise RuntimeError(_error)
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()
+                         + _cpu_flags().encode()).hexdigest()[:16]
+    folder = loader.cache_dir() / f"cpu-kernels-{key}"
+    errors: list[str] = []
+
+    def write(tmp: Path) -> None:
+        try:
+            _build(cxx, tmp)
+        except RuntimeError as e:
+            errors.append(str(e))
+            raise OSError(str(e)) from e
+
+    try:
+        if not loader.cached_folder(folder, write, str(SOURCE.name)):
+            if errors:
+                raise RuntimeError(errors[0])
+            folder = Path(tempfile.mkdtemp(prefix="minillm-cpu-kernels-"))  # the cache cannot be written
+            _build(cxx, folder)
+        lib = ctypes.CDLL(str(folder / "libminillm_cpu.so"))
+    except (RuntimeError, OSError) as e:
+        _error = f"{e}\n(or pass attention_backend='torch')"
+        raise RuntimeError(_error) from e
+    fn = lib.minillm_decode_attention
+    i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    fn.argtypes = [i32, ptr, i64, ptr, i64, ptr, ptr, i32, i32, i32, i32, ptr, i64, ptr, ptr, i32, ctypes.c_float, i32,
+                   i64, i64, i64, i64]
+    fn.restype = i32
+    _lib = lib
+    return lib
+
+
+def _profiling() -> bool:
+    return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False))
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                     context_lens: torch.Tensor, rows: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+    """out[tok] = attention of q[tok] over sequence b's cached keys, for each (b, tok) in ``rows``.
+
+    q, out: [T, Hq, D]; caches [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks]
+    int32; context_lens [B] int32 (keys of each sequence, this step's included); rows [R, 2]
+    int64. All on the CPU, q/out/caches of one dtype (float32 or bfloat16).
+    """
+    lib = load()
+    if any(t.device.type != "cpu" for t in (q, k_cache, v_cache, out, block_tables, context_lens, rows)):
+        raise ValueError("the CPU decode kernel takes CPU tensors only (on CUDA the Triton backend attends)")
+    T, Hq, D = q.shape
+    _, block_size, Hkv, Dc = k_cache.shape
+    if not (q.dtype == k_cache.dtype == v_cache.dtype == out.dtype and q.dtype in _DTYPE_CODES):
+        raise ValueError(f"the CPU decode kernel takes float32 or bfloat16 q, out and caches of one dtype, got "
+                         f"{q.dtype}, {out.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if Dc != D or Hq % Hkv or out.shape != q.shape or v_cache.shape != k_cache.shape:
+        raise ValueError(f"shapes do not match: q {tuple(q.shape)}, out {tuple(out.shape)}, "
+                         f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+    for name, t in (("q", q), ("out", out)):
+        if t.stride(2) != 1 or t.stride(1) != D:
+            raise ValueError(f"{name} must have contiguous heads ([T, Hq, D] with strides (*, D, 1))")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the KV caches must be contiguous")
+    if rows.dim() != 2 or rows.shape[1] != 2 or block_tables.dim() != 2 or context_lens.shape != block_tables.shape[:1]:
+        raise ValueError(f"rows must be [R, 2], block_tables [B, max_blocks] and context_lens [B], got "
+                         f"{tuple(rows.shape)}, {tuple(block_tables.shape)}, {tuple(context_lens.shape)}")
+    if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32 or rows.dtype != torch.int64:
+        raise ValueError("block_tables and context_lens must be int32, rows int64")
+    block_tables = block_tables.contiguous()
+    context_lens = context_lens.contiguous()
+    rows = rows.contiguous()
+    args = (_DTYPE_CODES[q.dtype], q.data_ptr(), q.stride(0), out.data_ptr(), out.stride(0),
+            k_cache.data_ptr(), v_cache.data_ptr(), block_size, Hkv, Hq // Hkv, D,
+            block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), rows.data_ptr(), rows.shape[0],
+            float(scale), torch.get_num_threads(), T, block_tables.shape[0], block_tables.shape[1], k_cache.shape[0])
+    if _profiling():  # a ctypes call is no torch op: name it for the profiler (profile_step's attention)
+        with torch.profiler.record_function(PROFILER_NAME):
+            rc = lib.minillm_decode_attention(*args)
+    else:
+        rc = lib.minillm_decode_attention(*args)
+    if rc != 0:
+        raise ValueError(f"the CPU decode kernel refused its arguments: {_REFUSALS.get(rc, rc)}")

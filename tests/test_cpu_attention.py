@@ -1,0 +1,145 @@
+"""The CPU decode-attention kernel (minillm/kernels/cpu_attention.py) against its oracles.
+
+* every decode row equals attention over exactly its own keys (the per-row oracle of
+  test_step_cost) and the torch backend, in float32 and bfloat16, for block sizes from 1 to
+  one block per sequence (the contiguous engines), contexts across the kernel's chunk edges;
+* steps that mix decode rows with prefills and chunks: the ``cpu`` backend equals ``torch``;
+* a row's result does not depend on the other rows of the step (bit for bit), nor on the
+  thread count;
+* bad arguments are a ValueError before anything is read; no compiler is a clear error;
+* engines on the ``cpu`` backend give the tokens of each request run alone.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from minillm import placement
+from minillm.attention import BACKENDS, cpu_attention, torch_attention
+from minillm.config import EngineConfig
+from minillm.kernels import cpu_attention as kernel
+from tests.test_step_cost import TINY, _meta, _per_row
+
+pytestmark = pytest.mark.skipif(kernel.compiler() is None, reason="no C++ compiler to build the CPU kernel")
+
+CHUNK_EDGES = [1, 2, 63, 255, 256, 257, 511, 700]
+
+
+def _case(qlens, ctxs, block_size, dtype, seed, Hq=9, Hkv=3, D=64):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    meta = _meta(qlens, ctxs, block_size, sum(-(-c // block_size) for c in ctxs) + 3, rng)
+    nb = int(meta.block_tables.max()) + 4
+    k_cache = torch.randn(nb, block_size, Hkv, D).to(dtype)
+    v_cache = torch.randn(nb, block_size, Hkv, D).to(dtype)
+    q = torch.randn(sum(qlens), Hq, D).to(dtype)
+    return q, k_cache, v_cache, meta
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("block_size", [1, 4, 16, 1024])
+def test_decode_rows_equal_attention_over_their_own_keys(dtype, tol, block_size):
+    ctxs = CHUNK_EDGES if block_size > 1 else [1, 2, 63, 257]
+    q, k_cache, v_cache, meta = _case([1] * len(ctxs), ctxs, block_size, dtype, seed=block_size)
+    got = cpu_attention(q, k_cache, v_cache, meta, 0.125)
+    want = _per_row(q.float(), k_cache.float(), v_cache.float(), meta, 0.125)
+    assert got.dtype == dtype
+    assert (got.float() - want).abs().max().item() < tol
+    torch_got = torch_attention(q, k_cache, v_cache, meta, 0.125)
+    assert (got.float() - torch_got.float()).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
+def test_steps_mixing_decodes_with_prefills_and_chunks_equal_the_torch_backend(dtype, tol):
+    rng = random.Random(1)
+    for trial in range(10):
+        B = rng.randint(1, 8)
+        qlens = [1 if rng.random() < 0.6 else rng.randint(2, 9) for _ in range(B)]
+        ctxs = [max(n, rng.choice([rng.randint(1, 40), rng.randint(1, 600)])) for n in qlens]
+        q, k_cache, v_cache, meta = _case(qlens, ctxs, rng.choice([2, 16]), dtype, seed=trial)
+        got = cpu_attention(q, k_cache, v_cache, meta, 0.125)
+        want = _per_row(q.float(), k_cache.float(), v_cache.float(), meta, 0.125)
+        assert (got.float() - want).abs().max().item() < tol, (qlens, ctxs)
+
+
+def test_a_row_gives_the_same_bits_alone_in_any_batch_and_on_any_thread_count():
+    ctxs = [5, 300, 700, 40, 257]
+    q, k_cache, v_cache, meta = _case([1] * 5, ctxs, 16, torch.float32, seed=3)
+    out = torch.empty_like(q)
+    rows = torch.tensor([[b, b] for b in range(5)])
+    kernel.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, rows, 0.125, out)
+    threads = torch.get_num_threads()
+    try:
+        for n_threads, order in [(1, [2]), (2, [4, 0, 2]), (threads, [1, 3])]:
+            torch.set_num_threads(n_threads)
+            alone = torch.full_like(q, float("nan"))
+            sel = torch.tensor([[b, b] for b in order])
+            kernel.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, sel, 0.125, alone)
+            for b in order:
+                assert torch.equal(alone[b], out[b]), (n_threads, order, b)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_bad_arguments_are_refused_before_anything_is_read():
+    q, k_cache, v_cache, meta = _case([1, 1], [20, 30], 4, torch.float32, seed=4)
+    out = torch.empty_like(q)
+    ok = torch.tensor([[0, 0], [1, 1]])
+    args = (q, k_cache, v_cache, meta.block_tables, meta.context_lens)
+    bad_table = meta.block_tables.clone()
+    bad_table[1, 2] = k_cache.shape[0]  # a block past the cache's end
+    cases = {
+        "outside the cache": (q, k_cache, v_cache, bad_table, meta.context_lens, ok),
+        "more blocks": (q, k_cache, v_cache, meta.block_tables, torch.tensor([20, 4000], dtype=torch.int32), ok),
+        "outside block_tables": (*args, torch.tensor([[0, 0], [2, 1]])),
+        "outside block_tables / q": (*args, torch.tensor([[0, 0], [1, 5]])),
+        "no keys": (q, k_cache, v_cache, meta.block_tables, torch.tensor([20, 0], dtype=torch.int32), ok),
+        "int32": (q, k_cache, v_cache, meta.block_tables.long(), meta.context_lens, ok),
+        "one dtype": (q.double(), k_cache, v_cache, meta.block_tables, meta.context_lens, ok),
+    }
+    for what, a in cases.items():
+        with pytest.raises(ValueError, match=what):
+            kernel.decode_attention(*a, 0.125, out if a[0].dtype == out.dtype else out.double())
+    with pytest.raises(ValueError, match="contiguous heads"):
+        kernel.decode_attention(q.transpose(1, 2).contiguous().transpose(1, 2), *args[1:], ok, 0.125, out)
+
+
+def test_without_a_compiler_the_error_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(kernel, "_lib", None)
+    monkeypatch.setattr(kernel, "_error", None)
+    monkeypatch.setattr(kernel, "compiler", lambda: None)
+    with pytest.raises(RuntimeError, match="attention_backend='torch'"):
+        kernel.load()
+
+
+def test_the_cpu_backend_is_the_default_on_a_cpu_with_a_compiler(monkeypatch):
+    assert placement.resolve("cpu").attention_backend == "cpu"
+    assert BACKENDS["cpu"][1] is cpu_attention
+    monkeypatch.setattr(kernel, "compiler", lambda: None)
+    assert placement.resolve("cpu").attention_backend == "torch"
+    monkeypatch.setattr(placement, "cuda_available", lambda: True)
+    with pytest.raises(ValueError, match="attention_backend='cpu' runs on the CPU"):
+        placement.resolve("cuda", attention_backend="cpu")
+
+
+@pytest.mark.parametrize("engine", ["continuous", "paged"])
+def test_engines_on_the_cpu_backend_give_each_request_its_tokens_alone(engine):
+    from minillm.engine import build_engine
+    from minillm.sampling import SamplingParams
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (3, 40, 9, 70, 1, 25)]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+
+    def run(ps, backend):
+        cfg = EngineConfig(engine=engine, max_num_seqs=4, max_model_len=128, block_size=4, cpu_threads=None,
+                           attention_backend=backend)
+        eng = build_engine(cfg, model_config=TINY, tokenizer=None)
+        return [o.token_ids for o in eng.run([eng.make_request(p, params) for p in ps])]
+
+    together = run(prompts, "cpu")
+    alone = [run([p], "cpu")[0] for p in prompts]
+    assert together == alone
+    assert together == run(prompts, "torch")
