@@ -106,12 +106,20 @@ _PACKING: dict[torch.dtype, bool] = {}
 
 
 def packs_by_default(dtype: torch.dtype) -> bool:
-    """Where ``pack_weights=None`` packs: float32 on an x86 CPU, where it was measured to pay
-    (and this torch runs it); elsewhere ``pack_weights=True`` asks for it."""
+    """Where ``pack_weights=None`` packs: on an x86 CPU, float32, and bfloat16 where the CPU
+    has bf16 matrix instructions, where it was measured to pay (and this torch runs it);
+    elsewhere ``pack_weights=True`` asks for it. (bf16 decode steps of SmolLM2 on a 2-core
+    AVX512-BF16 CPU, plain and packed alternating in one process: 21.3 / 21.6 ms plain,
+    15.5 / 17.0 ms packed at batch 1 / 8.)"""
     import platform
 
-    return (dtype == torch.float32 and platform.machine().lower() in ("x86_64", "amd64")
-            and can_pack_weights(dtype))
+    from .placement import cpu_has_bf16_matmul
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    if dtype == torch.bfloat16 and not cpu_has_bf16_matmul():
+        return False
+    return dtype in (torch.float32, torch.bfloat16) and can_pack_weights(dtype)
 
 
 def can_pack_weights(dtype: torch.dtype) -> bool:

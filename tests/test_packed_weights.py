@@ -44,15 +44,19 @@ def _engine(engine: str, pack, **kw):
 @pytest.mark.skipif(not packs_by_default(torch.float32),
                     reason="packing is on by default on x86 CPUs that run it only (where it was measured)")
 @pytest.mark.filterwarnings("ignore:dtype='bfloat16' on a CPU without")
-def test_auto_packs_fp32_on_the_cpu_and_not_bf16():
+def test_auto_packs_fp32_on_the_cpu_and_bf16_where_the_cpu_multiplies_bf16(monkeypatch):
     packed = _engine("paged", None)
     assert packed.resolved.pack_weights
     assert isinstance(packed.runner.model.layers[0].mlp.down_proj, PackedLinear)
     assert packed.runner.model.packed_head is not None
     plain = _engine("paged", False)
     assert not plain.resolved.pack_weights and isinstance(plain.runner.model.layers[0].mlp.down_proj, torch.nn.Linear)
-    bf16 = EngineConfig(engine="paged", device="cpu", dtype="bfloat16", max_model_len=96).resolve(TINY)
-    assert not bf16.pack_weights  # not measured to pay in bf16: only on request
+    from minillm import placement
+
+    for native in (True, False):  # bf16 packs where the CPU has bf16 matrix instructions (measured to pay)
+        monkeypatch.setattr(placement, "cpu_has_bf16_matmul", lambda: native)
+        bf16 = EngineConfig(engine="paged", device="cpu", dtype="bfloat16", max_model_len=96).resolve(TINY)
+        assert bf16.pack_weights == (native and can_pack_weights(torch.bfloat16)), native
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, 0.0])

@@ -58,14 +58,18 @@ struct Task {
 
 // Partial result of one chunk for the `group` query heads of one KV head:
 // m[g] the largest score, l[g] the sum of exp(score - m), acc[g][D] the exp-weighted sum of V.
-template <typename T>
+// G and D are compile-time for the common shapes (the loops unroll and the accumulators stay
+// in registers); 0 means read them from `group` and `head_dim` at run time.
+template <typename T, int G, int DD>
 void chunk_attention(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
-                     int block_size, int Hkv, int group, int D, int kvh, int first, int last,
+                     int block_size, int Hkv, int group_, int head_dim, int kvh, int first, int last,
                      float scale, float* m, float* l, float* acc) {
-    float qf[MAX_GROUP][MAX_D];
+    const int group = G ? G : group_;
+    const int D = DD ? DD : head_dim;
+    alignas(64) float qf[G ? G : MAX_GROUP][DD ? DD : MAX_D];
     for (int g = 0; g < group; ++g)
         for (int d = 0; d < D; ++d) qf[g][d] = load(q, (kvh * group + g) * D + d) * scale;
-    float s[MAX_GROUP][CHUNK];
+    alignas(64) float s[G ? G : MAX_GROUP][CHUNK];
     const int n = last - first;
     const int64_t tok_stride = static_cast<int64_t>(Hkv) * D;
     // pass 1: scores, block by block
@@ -74,13 +78,14 @@ void chunk_attention(const T* q, const T* k_cache, const T* v_cache, const int32
         const int off = t % block_size;
         const int run = std::min(block_size - off, last - t);
         const T* kp = k_cache + (static_cast<int64_t>(blk) * block_size + off) * tok_stride + kvh * D;
+        float* sj = &s[0][t - first];
         for (int j = 0; j < run; ++j, kp += tok_stride) {
-            float kf[MAX_D];
+            alignas(64) float kf[DD ? DD : MAX_D];
             for (int d = 0; d < D; ++d) kf[d] = load(kp, d);
             for (int g = 0; g < group; ++g) {
                 float dot = 0.f;
                 for (int d = 0; d < D; ++d) dot += qf[g][d] * kf[d];
-                s[g][t - first + j] = dot;
+                sj[g * CHUNK + j] = dot;
             }
         }
         t += run;
@@ -96,25 +101,46 @@ void chunk_attention(const T* q, const T* k_cache, const T* v_cache, const int32
         }
         m[g] = mx;
         l[g] = sum;
-        for (int d = 0; d < D; ++d) acc[g * D + d] = 0.f;
     }
     // pass 3: weighted sum of V
+    alignas(64) float a[G ? G : MAX_GROUP][DD ? DD : MAX_D];
+    for (int g = 0; g < group; ++g)
+        for (int d = 0; d < D; ++d) a[g][d] = 0.f;
     for (int t = first; t < last;) {
         const int blk = table[t / block_size];
         const int off = t % block_size;
         const int run = std::min(block_size - off, last - t);
         const T* vp = v_cache + (static_cast<int64_t>(blk) * block_size + off) * tok_stride + kvh * D;
+        const float* pj = &s[0][t - first];
         for (int j = 0; j < run; ++j, vp += tok_stride) {
-            float vf[MAX_D];
+            alignas(64) float vf[DD ? DD : MAX_D];
             for (int d = 0; d < D; ++d) vf[d] = load(vp, d);
             for (int g = 0; g < group; ++g) {
-                const float p = s[g][t - first + j];
-                float* a = acc + g * D;
-                for (int d = 0; d < D; ++d) a[d] += p * vf[d];
+                const float p = pj[g * CHUNK + j];
+                for (int d = 0; d < D; ++d) a[g][d] += p * vf[d];
             }
         }
         t += run;
     }
+    for (int g = 0; g < group; ++g)
+        for (int d = 0; d < D; ++d) acc[g * D + d] = a[g][d];
+}
+
+template <typename T>
+void chunk_dispatch(const T* q, const T* k_cache, const T* v_cache, const int32_t* table, int block_size, int Hkv,
+                    int group, int D, int kvh, int first, int last, float scale, float* m, float* l, float* acc) {
+    if (group == 3 && D == 64)  // SmolLM2-135M
+        chunk_attention<T, 3, 64>(q, k_cache, v_cache, table, block_size, Hkv, group, D, kvh, first, last, scale, m,
+                                  l, acc);
+    else if (D == 64)
+        chunk_attention<T, 0, 64>(q, k_cache, v_cache, table, block_size, Hkv, group, D, kvh, first, last, scale, m,
+                                  l, acc);
+    else if (D == 128)
+        chunk_attention<T, 0, 128>(q, k_cache, v_cache, table, block_size, Hkv, group, D, kvh, first, last, scale, m,
+                                   l, acc);
+    else
+        chunk_attention<T, 0, 0>(q, k_cache, v_cache, table, block_size, Hkv, group, D, kvh, first, last, scale, m,
+                                 l, acc);
 }
 
 struct Shape {
@@ -154,7 +180,7 @@ int run(const T* q, int64_t q_stride, T* out, int64_t out_stride, const T* k_cac
         const Task& tk = tasks[i];
         const int64_t b = rows[2 * tk.row], tok = rows[2 * tk.row + 1];
         float* base = partial.data() + static_cast<size_t>(tk.slot) * per_slot;
-        chunk_attention(q + tok * q_stride, k_cache, v_cache, block_tables + b * bt_stride, block_size, Hkv, group,
+        chunk_dispatch(q + tok * q_stride, k_cache, v_cache, block_tables + b * bt_stride, block_size, Hkv, group,
                         D, tk.kvh, tk.first, tk.last, scale, base, base + group, base + 2 * group);
     }
     // combine the chunks of each (row, KV head): rescale to the largest max, then normalise
