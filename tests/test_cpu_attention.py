@@ -106,6 +106,15 @@ def test_bad_arguments_are_refused_before_anything_is_read():
         kernel.decode_attention(q.transpose(1, 2).contiguous().transpose(1, 2), *args[1:], ok, 0.125, out)
 
 
+def test_loading_the_kernel_leaves_the_process_float_state_alone():
+    """Linked with -ffast-math, a library flushes subnormals to zero in the whole process on
+    load (hypothesis then refuses to draw floats, and numbers everywhere change)."""
+    kernel.load()
+    assert 5e-324 * 1.0 > 0.0, "subnormal floats flushed to zero after loading the CPU kernel"
+    tiny = torch.tensor(1e-40, dtype=torch.float32)
+    assert (tiny * 1.0).item() > 0.0
+
+
 def test_without_a_compiler_the_error_says_what_to_do(monkeypatch):
     monkeypatch.setattr(kernel, "_lib", None)
     monkeypatch.setattr(kernel, "_error", None)

@@ -364,6 +364,17 @@ def test_real_model_priority_outputs_equal_fcfs(real):
 
     def go(**kw):
         engine = real_engine(real, max_model_len=64, num_blocks=9, max_num_seqs=2, **kw)
+        # A clock that moves 0.1 s per forward pass, not with the wall: the arrivals land 3 and 6
+        # steps in on any machine (on the wall clock a fast CPU had finished the batch jobs first).
+        from minillm.clock import VirtualClock
+
+        clock, execute = VirtualClock(), engine.runner.execute
+
+        def execute_and_tick(out):
+            clock.advance(0.1)
+            return execute(out)
+
+        engine.clock, engine.scheduler.clock, engine.runner.execute = clock, clock.now, execute_and_tick
         t0 = engine.clock.now()
         outs = [o.token_ids for o in engine.run([engine.make_request(p, params(c), arrival_time=t0 + d)
                                                  for p, c, d in zip(prompts, classes, delays)])]
