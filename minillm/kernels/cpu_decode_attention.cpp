@@ -56,6 +56,17 @@ struct Task {
     int slot;   // where its partial result goes
 };
 
+// Ask for the next block's rows of this head while this block is read: blocks lie anywhere in
+// the cache, where the hardware prefetcher, which follows addresses in order, cannot guess them.
+template <typename T>
+inline void prefetch_block(const T* cache, int32_t blk, int block_size, int64_t tok_stride, int64_t head_off, int D) {
+    const char* base = reinterpret_cast<const char*>(cache + static_cast<int64_t>(blk) * block_size * tok_stride + head_off);
+    const int64_t row_bytes = static_cast<int64_t>(D) * sizeof(T), stride = tok_stride * sizeof(T);
+    const int rows = std::min(block_size, 64);
+    for (int j = 0; j < rows; ++j)
+        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(base + j * stride + b);
+}
+
 // Partial result of one chunk for the `group` query heads of one KV head:
 // m[g] the largest score, l[g] the sum of exp(score - m), acc[g][D] the exp-weighted sum of V.
 // G and D are compile-time for the common shapes (the loops unroll and the accumulators stay
@@ -78,6 +89,7 @@ void chunk_attention(const T* q, const T* k_cache, const T* v_cache, const int32
         const int off = t % block_size;
         const int run = std::min(block_size - off, last - t);
         const T* kp = k_cache + (static_cast<int64_t>(blk) * block_size + off) * tok_stride + kvh * D;
+        if (t + run < last) prefetch_block(k_cache, table[(t + run) / block_size], block_size, tok_stride, kvh * D, D);
         float* sj = &s[0][t - first];
         for (int j = 0; j < run; ++j, kp += tok_stride) {
             alignas(64) float kf[DD ? DD : MAX_D];
@@ -111,6 +123,7 @@ void chunk_attention(const T* q, const T* k_cache, const T* v_cache, const int32
         const int off = t % block_size;
         const int run = std::min(block_size - off, last - t);
         const T* vp = v_cache + (static_cast<int64_t>(blk) * block_size + off) * tok_stride + kvh * D;
+        if (t + run < last) prefetch_block(v_cache, table[(t + run) / block_size], block_size, tok_stride, kvh * D, D);
         const float* pj = &s[0][t - first];
         for (int j = 0; j < run; ++j, vp += tok_stride) {
             alignas(64) float vf[DD ? DD : MAX_D];
