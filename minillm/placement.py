@@ -66,10 +66,21 @@ def resolve(device: str | None = None, dtype: str | None = None,
 
 
 def default_cpu_backend() -> str:
-    """``cpu`` where its kernel can be built (a C++ compiler is installed), else ``torch``."""
+    """``cpu`` where its kernel builds and loads (a C++ compiler is installed; the first call
+    builds it, about 2 s, into the cache), else ``torch``, with a warning if a compiler is
+    there but the build failed."""
     from minillm.kernels import cpu_attention
 
-    return "cpu" if cpu_attention.compiler() is not None else "torch"
+    if cpu_attention.compiler() is None:
+        return "torch"
+    if cpu_attention.available():
+        return "cpu"
+    try:
+        cpu_attention.load()
+    except RuntimeError as e:
+        warnings.warn(f"the CPU attention kernel did not build, so attention runs in the torch backend "
+                      f"(slower decode steps): {e}", stacklevel=3)
+    return "torch"
 
 
 def cpu_has_bf16_matmul() -> bool:

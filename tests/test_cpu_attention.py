@@ -123,6 +123,29 @@ def test_without_a_compiler_the_error_says_what_to_do(monkeypatch):
         kernel.load()
 
 
+def test_a_compiler_without_openmp_still_builds_a_kernel_that_gives_the_same_numbers(monkeypatch, tmp_path):
+    q, k_cache, v_cache, meta = _case([1, 1, 1], [5, 300, 700], 16, torch.float32, seed=5)
+    want = cpu_attention(q, k_cache, v_cache, meta, 0.125)
+    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernel, "_lib", None)
+    monkeypatch.setattr(kernel, "_error", None)
+    # the first way fails as -fopenmp does on Apple's clang; the next one has no OpenMP
+    monkeypatch.setattr(kernel, "ATTEMPTS", [(["-fno-such-option-minillm"], []), ([], [])])
+    assert kernel.available()
+    torch.testing.assert_close(cpu_attention(q, k_cache, v_cache, meta, 0.125), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_kernel_that_does_not_build_leaves_the_torch_backend_with_a_warning(monkeypatch, tmp_path):
+    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernel, "_lib", None)
+    monkeypatch.setattr(kernel, "_error", None)
+    monkeypatch.setattr(kernel, "ATTEMPTS", [(["-fno-such-option-minillm"], [])])
+    with pytest.warns(UserWarning, match="did not build"):
+        assert placement.resolve("cpu").attention_backend == "torch"
+    with pytest.raises(RuntimeError, match="fno-such-option-minillm"):  # asked for by name: the compiler's words
+        kernel.load()
+
+
 def test_the_cpu_backend_is_the_default_on_a_cpu_with_a_compiler(monkeypatch):
     assert placement.resolve("cpu").attention_backend == "cpu"
     assert BACKENDS["cpu"][1] is cpu_attention

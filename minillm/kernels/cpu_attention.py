@@ -12,7 +12,8 @@ same thread count).
 
 The source is compiled on first use with the system's C++ compiler (g++ or c++; about 2 s)
 into the cache folder (``MINILLM_CACHE``), once per source, compiler and CPU, and loaded
-with ctypes: no build step at install, no Python headers.
+with ctypes: no build step at install, no Python headers. Where the build fails, the
+engine's default falls back to the torch backend with a warning (``placement``).
 """
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ import torch
 SOURCE = Path(__file__).with_name("cpu_decode_attention.cpp")
 # -ffast-math lets the loops reassociate and vectorize exp; it is given to the compile only: linked
 # with it, the library would switch the whole process to flushing subnormal floats to zero on load.
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17"]
-LINK_FLAGS = ["-shared", "-fopenmp"]
+FLAGS = ["-O3", "-ffast-math", "-fPIC", "-std=c++17"]
+# (compile flags, link flags), tried in order: a compiler without OpenMP (Apple's clang) builds a
+# kernel that runs on the calling thread; one that does not know -march=native, a generic one.
+ATTEMPTS = [(["-march=native", "-fopenmp"], ["-fopenmp"]), (["-march=native"], []), ([], [])]
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 DTYPES = tuple(_DTYPE_CODES)
 
@@ -66,11 +69,27 @@ def _cpu_flags() -> str:
 
 def _build(cxx: str, folder: Path) -> None:
     obj, out = folder / "cpu_decode_attention.o", folder / "libminillm_cpu.so"
-    for cmd in ([cxx, *FLAGS, "-c", str(SOURCE), "-o", str(obj)], [cxx, *LINK_FLAGS, str(obj), "-o", str(out)]):
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"{Path(cxx).name} could not build {SOURCE.name}:\n{res.stderr.strip()[-2000:]}")
-    obj.unlink()
+    errors = []
+    for compile_flags, link_flags in ATTEMPTS:
+        for cmd in ([cxx, *FLAGS, *compile_flags, "-c", str(SOURCE), "-o", str(obj)],
+                    [cxx, "-shared", *link_flags, str(obj), "-o", str(out)]):
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode != 0:
+                errors.append(f"$ {' '.join(cmd)}\n{res.stderr.strip()[-1000:]}")
+                break
+        else:
+            obj.unlink()
+            return
+    raise RuntimeError(f"{Path(cxx).name} could not build {SOURCE.name}:\n" + "\n".join(errors))
+
+
+def available() -> bool:
+    """Whether the kernel is built (or can be, now) and loads."""
+    try:
+        load()
+    except RuntimeError:
+        return False
+    return True
 
 
 def load():
@@ -89,7 +108,7 @@ def load():
                   "or pass attention_backend='torch'")
         raise RuntimeError(_error)
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + LINK_FLAGS).encode() + version.encode()
+    key = hashlib.sha256(SOURCE.read_bytes() + repr((FLAGS, ATTEMPTS)).encode() + version.encode()
                          + _cpu_flags().encode()).hexdigest()[:16]
     folder = loader.cache_dir() / f"cpu-kernels-{key}"
     errors: list[str] = []
