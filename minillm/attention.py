@@ -238,12 +238,12 @@ def cpu_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         starts = meta.query_start_loc_list
         rows = [(b, starts[b]) for b, n in enumerate(meta.query_lens_list) if n == 1]
         others = sum(1 for n in meta.query_lens_list if n > 1)
-        plan["decode_rows"] = (torch.tensor(rows, dtype=torch.int64).view(-1, 2), others,
-                               meta.block_tables.to(torch.int32).contiguous(), meta.context_lens.to(torch.int32))
-    rows, others, block_tables, context_lens = plan["decode_rows"]
+        plan["decode_rows"] = (kernel.DecodeRows(meta.block_tables.to(torch.int32), meta.context_lens.to(torch.int32),
+                                                 torch.tensor(rows, dtype=torch.int64).view(-1, 2)), others)
+    decode_rows, others = plan["decode_rows"]
     out = torch.empty_like(q)
-    if rows.shape[0]:
-        kernel.decode_attention(q, k_cache, v_cache, block_tables, context_lens, rows, scale, out)
+    if decode_rows.num_rows:
+        decode_rows(q, k_cache, v_cache, scale, out)
     if others:
         _attend_rows(q, k_cache, v_cache, meta, scale, out, decode=False)
     return out

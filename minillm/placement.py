@@ -75,14 +75,13 @@ def default_cpu_backend() -> str:
 
     if cpu_attention.compiler() is None:
         return "torch"
-    if cpu_attention.available():
-        return "cpu"
     try:
         cpu_attention.load()
     except RuntimeError as e:
         warnings.warn(f"the CPU attention kernel did not build, so attention runs in the torch backend "
                       f"(slower decode steps): {e}", stacklevel=3)
-    return "torch"
+        return "torch"
+    return "cpu"
 
 
 def cpu_has_bf16_matmul() -> bool:

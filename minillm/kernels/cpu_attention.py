@@ -83,15 +83,6 @@ def _build(cxx: str, folder: Path) -> None:
     raise RuntimeError(f"{Path(cxx).name} could not build {SOURCE.name}:\n" + "\n".join(errors))
 
 
-def available() -> bool:
-    """Whether the kernel is built (or can be, now) and loads."""
-    try:
-        load()
-    except RuntimeError:
-        return False
-    return True
-
-
 def load():
     """The compiled kernel (a ctypes library), building it on first use; RuntimeError with the
     reason where it cannot be built."""
@@ -143,46 +134,65 @@ def _profiling() -> bool:
     return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False))
 
 
+class DecodeRows:
+    """``decode_attention`` for one step's rows: the step's tables are checked once, here,
+    and each layer's call checks only its own tensors (30 layers call it with the same rows).
+
+    block_tables [B, max_blocks] int32; context_lens [B] int32 (keys of each sequence, this
+    step's included); rows [R, 2] int64, (sequence, token) pairs. All on the CPU.
+    """
+
+    def __init__(self, block_tables: torch.Tensor, context_lens: torch.Tensor, rows: torch.Tensor):
+        if any(t.device.type != "cpu" for t in (block_tables, context_lens, rows)):
+            raise ValueError("the CPU decode kernel takes CPU tensors only (on CUDA the Triton backend attends)")
+        if rows.dim() != 2 or rows.shape[1] != 2 or block_tables.dim() != 2 or context_lens.shape != block_tables.shape[:1]:
+            raise ValueError(f"rows must be [R, 2], block_tables [B, max_blocks] and context_lens [B], got "
+                             f"{tuple(rows.shape)}, {tuple(block_tables.shape)}, {tuple(context_lens.shape)}")
+        if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32 or rows.dtype != torch.int64:
+            raise ValueError("block_tables and context_lens must be int32, rows int64")
+        self.lib = load()
+        self.tensors = (block_tables.contiguous(), context_lens.contiguous(), rows.contiguous())  # kept alive
+        bt, ctx, r = self.tensors
+        self.num_rows = r.shape[0]
+        self.table_args = (bt.data_ptr(), bt.stride(0), ctx.data_ptr(), r.data_ptr(), r.shape[0])
+        self.table_shape = (bt.shape[0], bt.shape[1])
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
+                 out: torch.Tensor) -> None:
+        if any(t.device.type != "cpu" for t in (q, k_cache, v_cache, out)):
+            raise ValueError("the CPU decode kernel takes CPU tensors only (on CUDA the Triton backend attends)")
+        T, Hq, D = q.shape
+        _, block_size, Hkv, Dc = k_cache.shape
+        if not (q.dtype == k_cache.dtype == v_cache.dtype == out.dtype and q.dtype in _DTYPE_CODES):
+            raise ValueError(f"the CPU decode kernel takes float32 or bfloat16 q, out and caches of one dtype, got "
+                             f"{q.dtype}, {out.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+        if Dc != D or Hq % Hkv or out.shape != q.shape or v_cache.shape != k_cache.shape:
+            raise ValueError(f"shapes do not match: q {tuple(q.shape)}, out {tuple(out.shape)}, "
+                             f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+        for name, t in (("q", q), ("out", out)):
+            if t.stride(2) != 1 or t.stride(1) != D:
+                raise ValueError(f"{name} must have contiguous heads ([T, Hq, D] with strides (*, D, 1))")
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError("the KV caches must be contiguous")
+        args = (_DTYPE_CODES[q.dtype], q.data_ptr(), q.stride(0), out.data_ptr(), out.stride(0),
+                k_cache.data_ptr(), v_cache.data_ptr(), block_size, Hkv, Hq // Hkv, D, *self.table_args,
+                float(scale), torch.get_num_threads(), T, *self.table_shape, k_cache.shape[0])
+        if _profiling():  # a ctypes call is no torch op: name it for the profiler (profile_step's attention)
+            with torch.profiler.record_function(PROFILER_NAME):
+                rc = self.lib.minillm_decode_attention(*args)
+        else:
+            rc = self.lib.minillm_decode_attention(*args)
+        if rc != 0:
+            raise ValueError(f"the CPU decode kernel refused its arguments: {_REFUSALS.get(rc, rc)}")
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      context_lens: torch.Tensor, rows: torch.Tensor, scale: float, out: torch.Tensor) -> None:
     """out[tok] = attention of q[tok] over sequence b's cached keys, for each (b, tok) in ``rows``.
 
     q, out: [T, Hq, D]; caches [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks]
     int32; context_lens [B] int32 (keys of each sequence, this step's included); rows [R, 2]
-    int64. All on the CPU, q/out/caches of one dtype (float32 or bfloat16).
+    int64. All on the CPU, q/out/caches of one dtype (float32 or bfloat16). One call; a step
+    that attends in many layers prepares ``DecodeRows`` once instead.
     """
-    lib = load()
-    if any(t.device.type != "cpu" for t in (q, k_cache, v_cache, out, block_tables, context_lens, rows)):
-        raise ValueError("the CPU decode kernel takes CPU tensors only (on CUDA the Triton backend attends)")
-    T, Hq, D = q.shape
-    _, block_size, Hkv, Dc = k_cache.shape
-    if not (q.dtype == k_cache.dtype == v_cache.dtype == out.dtype and q.dtype in _DTYPE_CODES):
-        raise ValueError(f"the CPU decode kernel takes float32 or bfloat16 q, out and caches of one dtype, got "
-                         f"{q.dtype}, {out.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    if Dc != D or Hq % Hkv or out.shape != q.shape or v_cache.shape != k_cache.shape:
-        raise ValueError(f"shapes do not match: q {tuple(q.shape)}, out {tuple(out.shape)}, "
-                         f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
-    for name, t in (("q", q), ("out", out)):
-        if t.stride(2) != 1 or t.stride(1) != D:
-            raise ValueError(f"{name} must have contiguous heads ([T, Hq, D] with strides (*, D, 1))")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("the KV caches must be contiguous")
-    if rows.dim() != 2 or rows.shape[1] != 2 or block_tables.dim() != 2 or context_lens.shape != block_tables.shape[:1]:
-        raise ValueError(f"rows must be [R, 2], block_tables [B, max_blocks] and context_lens [B], got "
-                         f"{tuple(rows.shape)}, {tuple(block_tables.shape)}, {tuple(context_lens.shape)}")
-    if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32 or rows.dtype != torch.int64:
-        raise ValueError("block_tables and context_lens must be int32, rows int64")
-    block_tables = block_tables.contiguous()
-    context_lens = context_lens.contiguous()
-    rows = rows.contiguous()
-    args = (_DTYPE_CODES[q.dtype], q.data_ptr(), q.stride(0), out.data_ptr(), out.stride(0),
-            k_cache.data_ptr(), v_cache.data_ptr(), block_size, Hkv, Hq // Hkv, D,
-            block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), rows.data_ptr(), rows.shape[0],
-            float(scale), torch.get_num_threads(), T, block_tables.shape[0], block_tables.shape[1], k_cache.shape[0])
-    if _profiling():  # a ctypes call is no torch op: name it for the profiler (profile_step's attention)
-        with torch.profiler.record_function(PROFILER_NAME):
-            rc = lib.minillm_decode_attention(*args)
-    else:
-        rc = lib.minillm_decode_attention(*args)
-    if rc != 0:
-        raise ValueError(f"the CPU decode kernel refused its arguments: {_REFUSALS.get(rc, rc)}")
+    DecodeRows(block_tables, context_lens, rows)(q, k_cache, v_cache, scale, out)

@@ -67,6 +67,17 @@ inline void prefetch_block(const T* cache, int32_t blk, int block_size, int64_t 
         for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(base + j * stride + b);
 }
 
+// Keys t .. t + *run - 1 of a row (of keys up to `last`) lie in one block: a pointer to key t's
+// head `head_off`, the next key `tok_stride` further. The next block's rows are prefetched.
+template <typename T>
+inline const T* block_run(const T* cache, const int32_t* table, int t, int last, int block_size, int64_t tok_stride,
+                          int64_t head_off, int D, int* run) {
+    const int off = t % block_size;
+    *run = std::min(block_size - off, last - t);
+    if (t + *run < last) prefetch_block(cache, table[(t + *run) / block_size], block_size, tok_stride, head_off, D);
+    return cache + (static_cast<int64_t>(table[t / block_size]) * block_size + off) * tok_stride + head_off;
+}
+
 // Partial result of one chunk for the `group` query heads of one KV head:
 // m[g] the largest score, l[g] the sum of exp(score - m), acc[g][D] the exp-weighted sum of V.
 // G and D are compile-time for the common shapes (the loops unroll and the accumulators stay
@@ -85,11 +96,8 @@ void chunk_attention(const T* q, const T* k_cache, const T* v_cache, const int32
     const int64_t tok_stride = static_cast<int64_t>(Hkv) * D;
     // pass 1: scores, block by block
     for (int t = first; t < last;) {
-        const int blk = table[t / block_size];
-        const int off = t % block_size;
-        const int run = std::min(block_size - off, last - t);
-        const T* kp = k_cache + (static_cast<int64_t>(blk) * block_size + off) * tok_stride + kvh * D;
-        if (t + run < last) prefetch_block(k_cache, table[(t + run) / block_size], block_size, tok_stride, kvh * D, D);
+        int run;
+        const T* kp = block_run(k_cache, table, t, last, block_size, tok_stride, kvh * D, D, &run);
         float* sj = &s[0][t - first];
         for (int j = 0; j < run; ++j, kp += tok_stride) {
             alignas(64) float kf[DD ? DD : MAX_D];
@@ -119,11 +127,8 @@ void chunk_attention(const T* q, const T* k_cache, const T* v_cache, const int32
     for (int g = 0; g < group; ++g)
         for (int d = 0; d < D; ++d) a[g][d] = 0.f;
     for (int t = first; t < last;) {
-        const int blk = table[t / block_size];
-        const int off = t % block_size;
-        const int run = std::min(block_size - off, last - t);
-        const T* vp = v_cache + (static_cast<int64_t>(blk) * block_size + off) * tok_stride + kvh * D;
-        if (t + run < last) prefetch_block(v_cache, table[(t + run) / block_size], block_size, tok_stride, kvh * D, D);
+        int run;
+        const T* vp = block_run(v_cache, table, t, last, block_size, tok_stride, kvh * D, D, &run);
         const float* pj = &s[0][t - first];
         for (int j = 0; j < run; ++j, vp += tok_stride) {
             alignas(64) float vf[DD ? DD : MAX_D];

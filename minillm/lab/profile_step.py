@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep the linear weights dense (pack_weights=False), to compare with the packed layout")
     p.add_argument("--compile", action="store_true",
                    help="the step's forward as one compiled graph (LLM(compile=True); the first steps compile)")
-    p.add_argument("--attention-backend", default=None, choices=["torch", "cpu", "triton"],
+    from minillm.config import ATTENTION_BACKENDS
+
+    p.add_argument("--attention-backend", default=None, choices=list(ATTENTION_BACKENDS),
                    help="attention of the engine (default: by device; on the CPU cpu where a C++ compiler is installed)")
     p.add_argument("--json", default=None, help="write the rows and the floor as JSON here")
     args = p.parse_args(argv)
