@@ -165,6 +165,8 @@ class PackedLinear(nn.Module):
 
 # ---------------------------------------------------------------- the model
 
+CPU_LAYER_DTYPES = (torch.float32, torch.bfloat16)  # what the cpu backend's layer ops take (else: the loop)
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
@@ -261,9 +263,37 @@ class Llama(nn.Module):
         h = self.embed(input_ids)  # [T, hidden]
         if cos.dtype != h.dtype:
             cos, sin = cos.to(h.dtype), sin.to(h.dtype)
+        if self.attention_backend == "cpu" and meta is not None and h.dtype in CPU_LAYER_DTYPES and not h.is_cuda:
+            return self._cpu_layers(h, cos, sin, meta, kv_caches)
         for layer, kv in zip(self.layers, kv_caches if kv_caches is not None else [None] * len(self.layers)):
             h = layer(h, cos, sin, meta, kv, self._backend)
         return self.norm(h)
+
+    def _cpu_layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata,
+                    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """The layers above with the ``cpu`` backend: the same matmuls, and the work between
+        them in four C++ calls a layer (``kernels/cpu_layer.py``) instead of some forty ops.
+
+        The residual stream ``h`` and its normed copy ``n`` travel together: each residual
+        add is fused with the norm that follows it (the next layer's input norm, or the
+        final one). The numbers are those of the loop above but for float rounding in a
+        norm's sum of squares and in silu's exp (tests/test_cpu_layer_ops.py).
+        """
+        from .attention import cpu_attention
+        from .kernels import cpu_layer
+
+        T, cfg = h.shape[0], self.cfg
+        h, n = cpu_layer.add_rms_norm(h, None, self.layers[0].input_norm.weight, self.layers[0].input_norm.eps)
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            attn, mlp = layer.attn, layer.mlp
+            q = cpu_layer.rope_write(attn.qkv_proj(n), cos, sin, meta.slot_mapping, k_cache, v_cache, cfg.num_heads)
+            o = cpu_attention(q, k_cache, v_cache, meta, attn.scale)  # [T, Hq, D]
+            h, n = cpu_layer.add_rms_norm(attn.o_proj(o.view(T, cfg.q_size)), h, layer.post_attn_norm.weight,
+                                          layer.post_attn_norm.eps)
+            norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            h, n = cpu_layer.add_rms_norm(mlp.down_proj(cpu_layer.silu_mul(mlp.gate_up_proj(n))), h, norm.weight,
+                                          norm.eps)
+        return n
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab], only for the rows that sample."""

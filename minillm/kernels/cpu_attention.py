@@ -28,9 +28,15 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("cpu_decode_attention.cpp")
+# The library's other source: the elementwise ops between a layer's matmuls (``cpu_layer.py``).
+LAYER_SOURCE = Path(__file__).with_name("cpu_layer_ops.cpp")
 # -ffast-math lets the loops reassociate and vectorize exp; it is given to the compile only: linked
 # with it, the library would switch the whole process to flushing subnormal floats to zero on load.
 FLAGS = ["-O3", "-ffast-math", "-fPIC", "-std=c++17"]
+# The layer ops round where PyTorch rounds: no fast math, and no products fused into FMAs; the
+# two -fno flags change no value (they let floor and division vectorize: no errno, no traps).
+LAYER_FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-std=c++17"]
+SOURCES = ((SOURCE, FLAGS), (LAYER_SOURCE, LAYER_FLAGS))
 # (compile flags, link flags), tried in order: a compiler without OpenMP (Apple's clang) builds a
 # kernel that runs on the calling thread; one that does not know -march=native, a generic one.
 ATTEMPTS = [(["-march=native", "-fopenmp"], ["-fopenmp"]), (["-march=native"], []), ([], [])]
@@ -68,17 +74,20 @@ def _cpu_flags() -> str:
 
 
 def _build(cxx: str, folder: Path) -> None:
-    obj, out = folder / "cpu_decode_attention.o", folder / "libminillm_cpu.so"
+    out = folder / "libminillm_cpu.so"
+    objs = [folder / f"{src.stem}.o" for src, _ in SOURCES]
     errors = []
     for compile_flags, link_flags in ATTEMPTS:
-        for cmd in ([cxx, *FLAGS, *compile_flags, "-c", str(SOURCE), "-o", str(obj)],
-                    [cxx, "-shared", *link_flags, str(obj), "-o", str(out)]):
+        cmds = [[cxx, *flags, *compile_flags, "-c", str(src), "-o", str(obj)] for (src, flags), obj in zip(SOURCES, objs)]
+        cmds.append([cxx, "-shared", *link_flags, *map(str, objs), "-o", str(out)])
+        for cmd in cmds:
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
                 errors.append(f"$ {' '.join(cmd)}\n{res.stderr.strip()[-1000:]}")
                 break
         else:
-            obj.unlink()
+            for obj in objs:
+                obj.unlink()
             return
     raise RuntimeError(f"{Path(cxx).name} could not build {SOURCE.name}:\n" + "\n".join(errors))
 
@@ -99,7 +108,8 @@ def load():
                   "or pass attention_backend='torch'")
         raise RuntimeError(_error)
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + repr((FLAGS, ATTEMPTS)).encode() + version.encode()
+    recipe = repr(([(src.name, flags) for src, flags in SOURCES], ATTEMPTS)).encode()
+    key = hashlib.sha256(b"".join(src.read_bytes() for src, _ in SOURCES) + recipe + version.encode()
                          + _cpu_flags().encode()).hexdigest()[:16]
     folder = loader.cache_dir() / f"cpu-kernels-{key}"
     errors: list[str] = []
@@ -126,6 +136,12 @@ def load():
     fn.argtypes = [i32, ptr, i64, ptr, i64, ptr, ptr, i32, i32, i32, i32, ptr, i64, ptr, ptr, i32, ctypes.c_float, i32,
                    i64, i64, i64, i64]
     fn.restype = i32
+    f = ctypes.c_float
+    lib.minillm_add_rms_norm.argtypes = [i32, ptr, ptr, ptr, ptr, ptr, i64, i64, f, i32]
+    lib.minillm_silu_mul.argtypes = [i32, ptr, ptr, i64, i64, i32]
+    lib.minillm_rope_write.argtypes = [i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i32, i32, i32, i32]
+    for name in ("minillm_add_rms_norm", "minillm_silu_mul", "minillm_rope_write"):
+        getattr(lib, name).restype = i32
     _lib = lib
     return lib
 

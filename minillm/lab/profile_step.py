@@ -11,7 +11,9 @@ goes to one bucket:
     kv write   the cache writes of this step's K/V (index_copy_)
     sampling   everything the step runs after the logits (argmax, softmax, noise)
     other ops  every other op: norms, RoPE, SiLU, residual adds, copies, views (with
-               ``--compile``: the loops inductor generated for them, ``cpp_fused_*``)
+               ``--compile``: the loops inductor generated for them, ``cpp_fused_*``;
+               the ``cpu`` backend: its layer ops ``minillm::cpu_*``, whose RoPE call
+               also writes the K/V, so its "kv write" is empty)
     python     the rest of the step's wall time: scheduler, batch building, op dispatch
 
 The floor is one pass over the weights as a batch-1 step reads them: every linear layer of

@@ -1,0 +1,96 @@
+"""The elementwise work between a layer's matmuls as C++ calls (``cpu_layer_ops.cpp``).
+
+``model.Llama`` runs its layers through these when the attention backend is ``cpu``
+(``Llama.forward``): per layer, four matmuls (oneDNN, as before) and four calls here --
+RoPE with the K/V cache write, the decode attention kernel (``cpu_attention.py``), the
+residual add with the next RMSNorm, and silu(gate) * up -- instead of some forty small
+PyTorch ops. Each function computes what model.py's ops compute, rounded at the same
+points (see the .cpp); the tests hold them to it.
+
+The functions check what would make the C++ read or write out of bounds (dtype, shape,
+contiguity, slots) and raise ValueError; they are built with the attention kernel, into
+the same library (``cpu_attention.load``).
+"""
+from __future__ import annotations
+
+import torch
+
+from .cpu_attention import _DTYPE_CODES, _profiling, load
+
+
+def _run(name: str, fn, *args) -> int:
+    """``fn(*args)``; while the torch profiler records, as an op named ``minillm::<name>``
+    (a ctypes call is no torch op: python -m minillm.lab.profile_step counts it in "other ops")."""
+    if _profiling():
+        with torch.profiler.record_function(f"minillm::{name}"):
+            return fn(*args)
+    return fn(*args)
+
+
+def _check(*tensors: torch.Tensor) -> int:
+    dtype = tensors[0].dtype
+    for t in tensors:
+        if t.dtype != dtype or dtype not in _DTYPE_CODES:
+            raise ValueError(f"the CPU layer ops take float32 or bfloat16 tensors of one dtype, got "
+                             f"{', '.join(str(x.dtype) for x in tensors)}")
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError("the CPU layer ops take contiguous CPU tensors")
+    return _DTYPE_CODES[dtype]
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, n): h = x + residual (x itself when residual is None), n = model.rms_norm(h, weight, eps).
+
+    x, residual: [T, D]; weight: [D].
+    """
+    T, D = x.shape
+    code = _check(x, weight) if residual is None else _check(x, residual, weight)
+    if weight.shape != (D,) or (residual is not None and residual.shape != x.shape):
+        raise ValueError(f"add_rms_norm: x {tuple(x.shape)}, residual "
+                         f"{None if residual is None else tuple(residual.shape)}, weight {tuple(weight.shape)}")
+    h = x if residual is None else torch.empty_like(x)
+    n = torch.empty_like(x)
+    _run("cpu_add_rms_norm", load().minillm_add_rms_norm, code, x.data_ptr(),
+         None if residual is None else residual.data_ptr(), h.data_ptr(), n.data_ptr(), weight.data_ptr(), T, D, eps,
+         torch.get_num_threads())
+    return h, n
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up [T, 2F] = [gate | up] -> [T, F] (model.MLP)."""
+    T, F2 = gate_up.shape
+    code = _check(gate_up)
+    if F2 % 2:
+        raise ValueError(f"silu_mul takes [T, 2F], got {tuple(gate_up.shape)}")
+    out = gate_up.new_empty((T, F2 // 2))
+    _run("cpu_silu_mul", load().minillm_silu_mul, code, gate_up.data_ptr(), out.data_ptr(), T, F2 // 2,
+         torch.get_num_threads())
+    return out
+
+
+def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Rotated queries [T, Hq, D]; the rotated keys and the values written to the caches.
+
+    qkv: [T, (Hq + 2 Hkv) D], the fused projection's output (model.Attention); cos, sin:
+    [T, D] in qkv's dtype; slot_mapping [T] int64; caches [num_blocks, block_size, Hkv, D].
+    The same numbers as model.apply_rope followed by attention.write_kv.
+    """
+    T = qkv.shape[0]
+    _, block_size, Hkv, D = k_cache.shape
+    code = _check(qkv, cos, sin, k_cache, v_cache)
+    if (qkv.shape[1] != (num_heads + 2 * Hkv) * D or cos.shape != (T, D) or sin.shape != (T, D)
+            or v_cache.shape != k_cache.shape or slot_mapping.shape != (T,) or D % 2):
+        raise ValueError(f"rope_write: qkv {tuple(qkv.shape)} with {num_heads} query heads, cos/sin "
+                         f"{tuple(cos.shape)}/{tuple(sin.shape)}, slots {tuple(slot_mapping.shape)}, caches "
+                         f"{tuple(k_cache.shape)}/{tuple(v_cache.shape)}")
+    if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
+        raise ValueError("slot_mapping must be a contiguous int64 tensor")
+    q = qkv.new_empty((T, num_heads, D))
+    rc = _run("cpu_rope_write", load().minillm_rope_write, code, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+              slot_mapping.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+              k_cache.shape[0] * block_size, T, num_heads, Hkv, D, torch.get_num_threads())
+    if rc == 6:
+        raise ValueError(f"rope_write: a slot is outside the cache's {k_cache.shape[0] * block_size} slots")
+    return q
