@@ -233,20 +233,28 @@ def cpu_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
     if q.dtype not in kernel.DTYPES or seams.plugged("paged_decode_attention") is not None:
         return torch_attention(q, k_cache, v_cache, meta, scale)
-    plan = meta.plan
-    if "decode_rows" not in plan:  # (sequence, token) of each one-query row, once per step
-        starts = meta.query_start_loc_list
-        rows = [(b, starts[b]) for b, n in enumerate(meta.query_lens_list) if n == 1]
-        others = sum(1 for n in meta.query_lens_list if n > 1)
-        plan["decode_rows"] = (kernel.DecodeRows(meta.block_tables.to(torch.int32), meta.context_lens.to(torch.int32),
-                                                 torch.tensor(rows, dtype=torch.int64).view(-1, 2)), others)
-    decode_rows, others = plan["decode_rows"]
+    decode_rows, others = cpu_decode_plan(meta)
     out = torch.empty_like(q)
     if decode_rows.num_rows:
         decode_rows(q, k_cache, v_cache, scale, out)
     if others:
         _attend_rows(q, k_cache, v_cache, meta, scale, out, decode=False)
     return out
+
+
+def cpu_decode_plan(meta: AttentionMetadata):
+    """(the step's ``DecodeRows``: (sequence, token) of each one-query row, whether any row has
+    more queries), built once per step and reused by every layer."""
+    from minillm.kernels import cpu_attention as kernel
+
+    plan = meta.plan
+    if "decode_rows" not in plan:
+        starts = meta.query_start_loc_list
+        rows = [(b, starts[b]) for b, n in enumerate(meta.query_lens_list) if n == 1]
+        others = any(n > 1 for n in meta.query_lens_list)
+        plan["decode_rows"] = (kernel.DecodeRows(meta.block_tables.to(torch.int32), meta.context_lens.to(torch.int32),
+                                                 torch.tensor(rows, dtype=torch.int64).view(-1, 2)), others)
+    return plan["decode_rows"]
 
 
 def triton_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

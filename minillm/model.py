@@ -276,23 +276,36 @@ class Llama(nn.Module):
 
         The residual stream ``h`` and its normed copy ``n`` travel together: each residual
         add is fused with the norm that follows it (the next layer's input norm, or the
-        final one). The numbers are those of the loop above but for float rounding in a
-        norm's sum of squares and in silu's exp (tests/test_cpu_layer_ops.py).
+        final one), and ``h`` is updated in place. ``ForwardOps`` checks once per forward
+        what every layer shares, so a layer's calls pass pointers. The numbers are those of
+        the loop above but for float rounding in a norm's sum of squares and in silu's exp
+        (tests/test_cpu_layer_ops.py).
         """
-        from .attention import cpu_attention
+        from . import seams
+        from .attention import _attend_rows, cpu_attention, cpu_decode_plan
         from .kernels import cpu_layer
 
         T, cfg = h.shape[0], self.cfg
-        h, n = cpu_layer.add_rms_norm(h, None, self.layers[0].input_norm.weight, self.layers[0].input_norm.eps)
+        decode_rows, others = cpu_decode_plan(meta)
+        # a learner's decode attention plugged in (chapter 3): attention as cpu_attention runs it
+        plugged = seams.plugged("paged_decode_attention") is not None
+        ops = cpu_layer.ForwardOps(h, cos, sin, meta, cfg.num_heads, kv_caches[0], cfg.intermediate_size,
+                                   decode_rows if decode_rows.num_rows and not plugged else None)
+        first = self.layers[0].input_norm
+        n = ops.add_norm(None, h, first.weight, first.eps)  # h: the residual stream, updated in place
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             attn, mlp = layer.attn, layer.mlp
-            q = cpu_layer.rope_write(attn.qkv_proj(n), cos, sin, meta.slot_mapping, k_cache, v_cache, cfg.num_heads)
-            o = cpu_attention(q, k_cache, v_cache, meta, attn.scale)  # [T, Hq, D]
-            h, n = cpu_layer.add_rms_norm(attn.o_proj(o.view(T, cfg.q_size)), h, layer.post_attn_norm.weight,
-                                          layer.post_attn_norm.eps)
+            q = ops.rope_write(attn.qkv_proj(n), k_cache, v_cache)  # [T, Hq, D]; this step's K/V in the cache
+            if plugged:
+                o = cpu_attention(q, k_cache, v_cache, meta, attn.scale)
+            else:
+                o = ops.attend_decode_rows(k_cache, v_cache, attn.scale)
+                if others:  # prefills, chunks, drafts: attention as the torch backend's
+                    _attend_rows(q, k_cache, v_cache, meta, attn.scale, o, decode=False)
+            n = ops.add_norm(attn.o_proj(o.view(T, cfg.q_size)), h, layer.post_attn_norm.weight,
+                             layer.post_attn_norm.eps)
             norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
-            h, n = cpu_layer.add_rms_norm(mlp.down_proj(cpu_layer.silu_mul(mlp.gate_up_proj(n))), h, norm.weight,
-                                          norm.eps)
+            n = ops.add_norm(mlp.down_proj(ops.silu_mul(mlp.gate_up_proj(n))), h, norm.weight, norm.eps)
         return n
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -167,3 +167,47 @@ def test_a_forward_through_the_layer_ops_equals_the_torch_backend(dtype):
         for (kc, vc), (kt, vt) in zip(caches["cpu"], caches["torch"]):
             assert (kc.float() - kt.float()).abs().max().item() < tol
             assert (vc.float() - vt.float()).abs().max().item() < tol
+
+
+def test_a_plugged_decode_attention_runs_inside_the_cpu_backend_forward():
+    from minillm import seams
+    from minillm.config import EngineConfig
+    from minillm.engine import build_engine
+    from minillm.sampling import SamplingParams
+    from solutions import ch03_paged_attention as s03
+
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (5, 17, 2)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+    def run(backend):
+        cfg = EngineConfig(engine="paged", max_num_seqs=3, max_model_len=64, block_size=4, cpu_threads=None,
+                           attention_backend=backend)
+        eng = build_engine(cfg, model_config=SMALL, tokenizer=None)
+        return [o.token_ids for o in eng.run([eng.make_request(p, params) for p in prompts])]
+
+    calls = []
+
+    def mine(*args):
+        calls.append(1)
+        return s03.paged_decode_attention(*args)
+
+    with seams.plug(paged_decode_attention=mine):
+        got = run("cpu")
+    assert calls  # the learner's function attended the decode rows
+    assert got == run("torch")
+
+
+def test_forward_ops_refuse_a_layer_whose_caches_differ():
+    T, Hq, Hkv, D = 2, 4, 2, 8
+    h = torch.randn(T, 32)
+    cos, sin = torch.ones(T, D), torch.zeros(T, D)
+    meta = _meta([1, 1], [3, 5], 4, 6, random.Random(0))
+    caches = (torch.zeros(6, 4, Hkv, D), torch.zeros(6, 4, Hkv, D))
+    ops = cpu_layer.ForwardOps(h, cos, sin, meta, Hq, caches, 16, None)
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D)
+    ops.rope_write(qkv, *caches)
+    with pytest.raises(ValueError, match="every layer's caches"):
+        ops.rope_write(qkv, torch.zeros(7, 4, Hkv, D), torch.zeros(7, 4, Hkv, D))
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.silu_mul(torch.randn(32, T).t())

@@ -175,24 +175,44 @@ class DecodeRows:
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
                  out: torch.Tensor) -> None:
-        if any(t.device.type != "cpu" for t in (q, k_cache, v_cache, out)):
+        self.check_caches(k_cache, v_cache)
+        self.run(self.bind(q, out, k_cache), k_cache.data_ptr(), v_cache.data_ptr(), scale)
+
+    @staticmethod
+    def check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        if k_cache.device.type != "cpu" or v_cache.device.type != "cpu":
+            raise ValueError("the CPU decode kernel takes CPU tensors only (on CUDA the Triton backend attends)")
+        if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
+            raise ValueError(f"the caches differ: {tuple(k_cache.shape)} {k_cache.dtype} / "
+                             f"{tuple(v_cache.shape)} {v_cache.dtype}")
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError("the KV caches must be contiguous")
+
+    def bind(self, q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor) -> tuple:
+        """Check q, out and the caches' shape (every layer's caches must have it); the arguments of
+        ``run`` for every layer that attends from q into out."""
+        if any(t.device.type != "cpu" for t in (q, k_cache, out)):
             raise ValueError("the CPU decode kernel takes CPU tensors only (on CUDA the Triton backend attends)")
         T, Hq, D = q.shape
         _, block_size, Hkv, Dc = k_cache.shape
-        if not (q.dtype == k_cache.dtype == v_cache.dtype == out.dtype and q.dtype in _DTYPE_CODES):
+        if not (q.dtype == k_cache.dtype == out.dtype and q.dtype in _DTYPE_CODES):
             raise ValueError(f"the CPU decode kernel takes float32 or bfloat16 q, out and caches of one dtype, got "
-                             f"{q.dtype}, {out.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-        if Dc != D or Hq % Hkv or out.shape != q.shape or v_cache.shape != k_cache.shape:
+                             f"{q.dtype}, {out.dtype}, {k_cache.dtype}")
+        if Dc != D or Hq % Hkv or out.shape != q.shape:
             raise ValueError(f"shapes do not match: q {tuple(q.shape)}, out {tuple(out.shape)}, "
-                             f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+                             f"caches {tuple(k_cache.shape)}")
         for name, t in (("q", q), ("out", out)):
             if t.stride(2) != 1 or t.stride(1) != D:
                 raise ValueError(f"{name} must have contiguous heads ([T, Hq, D] with strides (*, D, 1))")
-        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-            raise ValueError("the KV caches must be contiguous")
-        args = (_DTYPE_CODES[q.dtype], q.data_ptr(), q.stride(0), out.data_ptr(), out.stride(0),
-                k_cache.data_ptr(), v_cache.data_ptr(), block_size, Hkv, Hq // Hkv, D, *self.table_args,
-                float(scale), torch.get_num_threads(), T, *self.table_shape, k_cache.shape[0])
+        head = (_DTYPE_CODES[q.dtype], q.data_ptr(), q.stride(0), out.data_ptr(), out.stride(0))
+        shape = (block_size, Hkv, Hq // Hkv, D, *self.table_args)
+        tail = (torch.get_num_threads(), T, *self.table_shape, k_cache.shape[0])
+        return head, shape, tail
+
+    def run(self, bound: tuple, k_ptr: int, v_ptr: int, scale: float) -> None:
+        """The kernel over caches at k_ptr, v_ptr, of the shape ``bind`` checked (the caller's word)."""
+        head, shape, tail = bound
+        args = (*head, k_ptr, v_ptr, *shape, float(scale), *tail)
         if _profiling():  # a ctypes call is no torch op: name it for the profiler (profile_step's attention)
             with torch.profiler.record_function(PROFILER_NAME):
                 rc = self.lib.minillm_decode_attention(*args)

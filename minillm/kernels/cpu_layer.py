@@ -94,3 +94,93 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_map
     if rc == 6:
         raise ValueError(f"rope_write: a slot is outside the cache's {k_cache.shape[0] * block_size} slots")
     return q
+
+
+class ForwardOps:
+    """The layer ops of one forward, for ``model.Llama._cpu_layers``: everything that is the same
+    in every layer (dtype, token count, thread count, RoPE rows, slots, the step's decode rows)
+    is checked and bound once, and a layer's call passes only its own pointers. The functions
+    above check every call, which costs microseconds each: 150 calls a step at SmolLM2's size.
+
+    Buffers are reused across layers: the residual stream ``h`` is updated in place (h += x),
+    the normed rows, the rotated queries, the attention output and silu's output each live in
+    one buffer that the next layer overwrites after its matmul has read it.
+    """
+
+    def __init__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, num_heads: int,
+                 kv_cache: tuple[torch.Tensor, torch.Tensor], intermediate_size: int, decode_rows):
+        T, hidden = h.shape
+        k_cache = kv_cache[0]
+        self.code = _check(h, cos, sin, k_cache, kv_cache[1])
+        _, block_size, Hkv, D = k_cache.shape
+        slots = meta.slot_mapping
+        if cos.shape != (T, D) or sin.shape != (T, D) or slots.shape != (T,) or slots.dtype != torch.int64 \
+                or not slots.is_contiguous():
+            raise ValueError(f"ForwardOps: cos/sin {tuple(cos.shape)}, slots {tuple(slots.shape)} {slots.dtype} "
+                             f"for {T} tokens of head_dim {D}")
+        self.lib = load()
+        self.T, self.hidden, self.F = T, hidden, intermediate_size
+        self.Hq, self.Hkv, self.D = num_heads, Hkv, D
+        self.cache_shape, self.dtype = k_cache.shape, k_cache.dtype
+        self.threads = torch.get_num_threads()
+        self.profiling = _profiling()
+        self.n = torch.empty_like(h)
+        self.q = h.new_empty((T, num_heads, D))
+        self.o = torch.empty_like(self.q)
+        self.act = h.new_empty((T, intermediate_size))
+        self.rope_args = (cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), self.q.data_ptr())
+        self.num_slots = k_cache.shape[0] * block_size
+        self.decode_rows = decode_rows  # cpu_attention.DecodeRows of the step, or None (no decode row)
+        if decode_rows is not None:
+            self.attend_args = decode_rows.bind(self.q, self.o, k_cache)
+
+    def _call(self, name: str, fn, *args) -> int:
+        if self.profiling:
+            with torch.profiler.record_function(f"minillm::{name}"):
+                return fn(*args)
+        return fn(*args)
+
+    def _rows(self, t: torch.Tensor, width: int) -> int:
+        # a matmul's output: [T, width] contiguous, in the step's dtype
+        if t.shape != (self.T, width) or t.dtype != self.dtype or not t.is_contiguous():
+            raise ValueError(f"expected a contiguous [{self.T}, {width}] {self.dtype} tensor, got "
+                             f"{tuple(t.shape)} {t.dtype}")
+        return t.data_ptr()
+
+    def add_norm(self, x: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """h += x (in place; x None: no add), then the normed rows of h (a buffer the next call reuses)."""
+        hp = self._rows(h, self.hidden)
+        xp = hp if x is None else self._rows(x, self.hidden)
+        self._call("cpu_add_rms_norm", self.lib.minillm_add_rms_norm, self.code, xp, None if x is None else hp, hp,
+                   self.n.data_ptr(), weight.data_ptr(), self.T, self.hidden, eps, self.threads)
+        return self.n
+
+    def _caches(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int]:
+        for c in (k_cache, v_cache):
+            if c.shape != self.cache_shape or c.dtype != self.dtype or not c.is_contiguous():
+                raise ValueError(f"every layer's caches must be contiguous {tuple(self.cache_shape)} {self.dtype}")
+        return k_cache.data_ptr(), v_cache.data_ptr()
+
+    def rope_write(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """``rope_write`` into the step's query buffer."""
+        xp = self._rows(qkv, (self.Hq + 2 * self.Hkv) * self.D)
+        kp, vp = self._caches(k_cache, v_cache)
+        cp, sp, slots, qp = self.rope_args
+        rc = self._call("cpu_rope_write", self.lib.minillm_rope_write, self.code, xp, cp, sp, slots, qp, kp, vp,
+                        self.num_slots, self.T, self.Hq, self.Hkv, self.D, self.threads)
+        if rc == 6:
+            raise ValueError(f"rope_write: a slot is outside the cache's {self.num_slots} slots")
+        return self.q
+
+    def attend_decode_rows(self, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+        """The decode rows' attention (the CPU kernel) from the query buffer into the output buffer."""
+        if self.decode_rows is not None:
+            kp, vp = self._caches(k_cache, v_cache)
+            self.decode_rows.run(self.attend_args, kp, vp, scale)
+        return self.o
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gp = self._rows(gate_up, 2 * self.F)
+        self._call("cpu_silu_mul", self.lib.minillm_silu_mul, self.code, gp, self.act.data_ptr(), self.T, self.F,
+                   self.threads)
+        return self.act
