@@ -13,8 +13,9 @@ the special case of one block of ``max_model_len`` tokens per sequence, so the
 contiguous and the paged engines share this code.
 
 Three backends with one signature: ``torch`` (readable, the oracle), ``cpu`` (the same,
-with a step's decode rows in one call of a small C++ kernel, ``minillm/kernels/cpu_attention.py``)
-and ``triton`` (``minillm/kernels/``).
+with a step's decode rows in one call of a small C++ kernel, ``minillm/kernels/cpu_attention.py``;
+the model then also runs its layers' RoPE, K/V write, norms and SwiGLU as C++ calls,
+``model.Llama._cpu_layers``) and ``triton`` (``minillm/kernels/``).
 """
 from __future__ import annotations
 
