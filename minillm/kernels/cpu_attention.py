@@ -37,6 +37,7 @@ FLAGS = ["-O3", "-ffast-math", "-fPIC", "-std=c++17"]
 # two -fno flags change no value (they let floor and division vectorize: no errno, no traps).
 LAYER_FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-std=c++17"]
 SOURCES = ((SOURCE, FLAGS), (LAYER_SOURCE, LAYER_FLAGS))
+HEADERS = (Path(__file__).with_name("cpu_bf16.h"),)  # included by both sources
 # (compile flags, link flags), tried in order: a compiler without OpenMP (Apple's clang) builds a
 # kernel that runs on the calling thread; one that does not know -march=native, a generic one.
 ATTEMPTS = [(["-march=native", "-fopenmp"], ["-fopenmp"]), (["-march=native"], []), ([], [])]
@@ -109,7 +110,8 @@ def load():
         raise RuntimeError(_error)
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     recipe = repr(([(src.name, flags) for src, flags in SOURCES], ATTEMPTS)).encode()
-    key = hashlib.sha256(b"".join(src.read_bytes() for src, _ in SOURCES) + recipe + version.encode()
+    code = b"".join(f.read_bytes() for f in (*(src for src, _ in SOURCES), *HEADERS))
+    key = hashlib.sha256(code + recipe + version.encode()
                          + _cpu_flags().encode()).hexdigest()[:16]
     folder = loader.cache_dir() / f"cpu-kernels-{key}"
     errors: list[str] = []

@@ -13,7 +13,7 @@
 // running max and sum. A row's result depends only on its own query, keys and length, never
 // on the other rows of the step: the same row alone or in a batch gives the same bits.
 //
-// The oracle is attention.torch_attention (tests/kernels/test_cpu_decode_attention.py).
+// The oracle is attention.torch_attention (tests/test_cpu_attention.py).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,32 +21,17 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_bf16.h"
+
 namespace {
 
 constexpr int CHUNK = 256;   // keys per task
 constexpr int MAX_GROUP = 16;
 constexpr int MAX_D = 256;
 
-typedef uint16_t bf16;
-
-inline float load(const float* p, int i) { return p[i]; }
-inline float load(const bf16* p, int i) {
-    uint32_t u = static_cast<uint32_t>(p[i]) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-inline void store(float* p, int i, float x) { p[i] = x; }
-inline void store(bf16* p, int i, float x) {  // round to nearest even, as torch's .to(bfloat16)
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays NaN
-        p[i] = static_cast<bf16>((u >> 16) | 0x40);
-        return;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    p[i] = static_cast<bf16>(u >> 16);
-}
+using minillm::bf16;
+using minillm::load;
+using minillm::store;
 
 struct Task {
     int row;    // index into the rows list

@@ -18,27 +18,14 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_bf16.h"
+
 namespace {
 
-typedef uint16_t bf16;
-
-inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const bf16* p, int64_t i) {
-    uint32_t u = static_cast<uint32_t>(p[i]) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-inline float round_to(float, float x) { return x; }
-inline float round_to(bf16, float x) {  // x rounded to the nearest bfloat16 (even on ties), as a float
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    u = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u : rounded;  // a NaN stays a NaN
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
+using minillm::bf16;
+using minillm::load;
+using minillm::round_to;
+using minillm::store;
 
 // exp(x) for float32 to about 1 ulp, in plain arithmetic so that the loops that call it
 // vectorize (libm's expf is a call per element): x = n ln2 + r, |r| <= ln2 / 2, a degree-7
@@ -61,12 +48,6 @@ inline float exp_approx(float x) {
     float scale;
     std::memcpy(&scale, &bits, 4);
     return overflows ? __builtin_inff() : p * scale;
-}
-inline void store(float* p, int64_t i, float x) { p[i] = x; }
-inline void store(bf16* p, int64_t i, float x) {  // x must already be a bfloat16 value (round_to)
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    p[i] = static_cast<bf16>(u >> 16);
 }
 
 // Below this many tokens a call runs on the calling thread: a decode step's few rows are
