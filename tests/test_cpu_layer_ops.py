@@ -204,10 +204,11 @@ def test_forward_ops_refuse_a_layer_whose_caches_differ():
     cos, sin = torch.ones(T, D), torch.zeros(T, D)
     meta = _meta([1, 1], [3, 5], 4, 6, random.Random(0))
     caches = (torch.zeros(6, 4, Hkv, D), torch.zeros(6, 4, Hkv, D))
-    ops = cpu_layer.ForwardOps(h, cos, sin, meta, Hq, caches, 16, None)
+    ops = cpu_layer.ForwardOps(h, cos, sin, meta, Hq, [caches], 16, None)
     qkv = torch.randn(T, (Hq + 2 * Hkv) * D)
-    ops.rope_write(qkv, *caches)
+    ops.rope_write(qkv, 0)
     with pytest.raises(ValueError, match="every layer's caches"):
-        ops.rope_write(qkv, torch.zeros(7, 4, Hkv, D), torch.zeros(7, 4, Hkv, D))
+        cpu_layer.ForwardOps(h, cos, sin, meta, Hq, [caches, (torch.zeros(7, 4, Hkv, D), torch.zeros(7, 4, Hkv, D))],
+                             16, None)
     with pytest.raises(ValueError, match="contiguous"):
         ops.silu_mul(torch.randn(32, T).t())

@@ -90,7 +90,8 @@ def _build(cxx: str, folder: Path) -> None:
             for obj in objs:
                 obj.unlink()
             return
-    raise RuntimeError(f"{Path(cxx).name} could not build {SOURCE.name}:\n" + "\n".join(errors))
+    raise RuntimeError(f"{Path(cxx).name} could not build the CPU kernels ({', '.join(src.name for src, _ in SOURCES)}):\n"
+                       + "\n".join(errors))
 
 
 def load():
@@ -150,6 +151,15 @@ def load():
 
 def _profiling() -> bool:
     return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False))
+
+
+def named_call(name: str, fn, *args) -> int:
+    """``fn(*args)``, a call into the library; while the torch profiler records, as an op named
+    ``name`` (a ctypes call is no torch op: python -m minillm.lab.profile_step buckets it by name)."""
+    if _profiling():
+        with torch.profiler.record_function(name):
+            return fn(*args)
+    return fn(*args)
 
 
 class DecodeRows:
@@ -215,11 +225,7 @@ class DecodeRows:
         """The kernel over caches at k_ptr, v_ptr, of the shape ``bind`` checked (the caller's word)."""
         head, shape, tail = bound
         args = (*head, k_ptr, v_ptr, *shape, float(scale), *tail)
-        if _profiling():  # a ctypes call is no torch op: name it for the profiler (profile_step's attention)
-            with torch.profiler.record_function(PROFILER_NAME):
-                rc = self.lib.minillm_decode_attention(*args)
-        else:
-            rc = self.lib.minillm_decode_attention(*args)
+        rc = named_call(PROFILER_NAME, self.lib.minillm_decode_attention, *args)  # profile_step's attention
         if rc != 0:
             raise ValueError(f"the CPU decode kernel refused its arguments: {_REFUSALS.get(rc, rc)}")
 

@@ -15,16 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from .cpu_attention import _DTYPE_CODES, _profiling, load
+from .cpu_attention import _DTYPE_CODES, load, named_call
 
-
-def _run(name: str, fn, *args) -> int:
-    """``fn(*args)``; while the torch profiler records, as an op named ``minillm::<name>``
-    (a ctypes call is no torch op: python -m minillm.lab.profile_step counts it in "other ops")."""
-    if _profiling():
-        with torch.profiler.record_function(f"minillm::{name}"):
-            return fn(*args)
-    return fn(*args)
+# profiler names of the layer ops (python -m minillm.lab.profile_step counts them in "other ops")
+NORM, SILU, ROPE = "minillm::cpu_add_rms_norm", "minillm::cpu_silu_mul", "minillm::cpu_rope_write"
 
 
 def _check(*tensors: torch.Tensor) -> int:
@@ -51,7 +45,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
                          f"{None if residual is None else tuple(residual.shape)}, weight {tuple(weight.shape)}")
     h = x if residual is None else torch.empty_like(x)
     n = torch.empty_like(x)
-    _run("cpu_add_rms_norm", load().minillm_add_rms_norm, code, x.data_ptr(),
+    named_call(NORM, load().minillm_add_rms_norm, code, x.data_ptr(),
          None if residual is None else residual.data_ptr(), h.data_ptr(), n.data_ptr(), weight.data_ptr(), T, D, eps,
          torch.get_num_threads())
     return h, n
@@ -64,7 +58,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if F2 % 2:
         raise ValueError(f"silu_mul takes [T, 2F], got {tuple(gate_up.shape)}")
     out = gate_up.new_empty((T, F2 // 2))
-    _run("cpu_silu_mul", load().minillm_silu_mul, code, gate_up.data_ptr(), out.data_ptr(), T, F2 // 2,
+    named_call(SILU, load().minillm_silu_mul, code, gate_up.data_ptr(), out.data_ptr(), T, F2 // 2,
          torch.get_num_threads())
     return out
 
@@ -88,7 +82,7 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_map
     if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
         raise ValueError("slot_mapping must be a contiguous int64 tensor")
     q = qkv.new_empty((T, num_heads, D))
-    rc = _run("cpu_rope_write", load().minillm_rope_write, code, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+    rc = named_call(ROPE, load().minillm_rope_write, code, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(),
               slot_mapping.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
               k_cache.shape[0] * block_size, T, num_heads, Hkv, D, torch.get_num_threads())
     if rc == 6:
@@ -98,9 +92,10 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_map
 
 class ForwardOps:
     """The layer ops of one forward, for ``model.Llama._cpu_layers``: everything that is the same
-    in every layer (dtype, token count, thread count, RoPE rows, slots, the step's decode rows)
-    is checked and bound once, and a layer's call passes only its own pointers. The functions
-    above check every call, which costs microseconds each: 150 calls a step at SmolLM2's size.
+    in every layer (dtype, token count, thread count, RoPE rows, slots, every layer's caches, the
+    step's decode rows) is checked and bound once, and a layer's call passes only its own
+    pointers. The functions above check every call, which costs microseconds each: 150 calls a
+    step at SmolLM2's size.
 
     Buffers are reused across layers: the residual stream ``h`` is updated in place (h += x),
     the normed rows, the rotated queries, the attention output and silu's output each live in
@@ -108,22 +103,25 @@ class ForwardOps:
     """
 
     def __init__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, num_heads: int,
-                 kv_cache: tuple[torch.Tensor, torch.Tensor], intermediate_size: int, decode_rows):
+                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], intermediate_size: int, decode_rows):
         T, hidden = h.shape
-        k_cache = kv_cache[0]
-        self.code = _check(h, cos, sin, k_cache, kv_cache[1])
+        k_cache = kv_caches[0][0]
+        self.code = _check(h, cos, sin, k_cache)
         _, block_size, Hkv, D = k_cache.shape
         slots = meta.slot_mapping
         if cos.shape != (T, D) or sin.shape != (T, D) or slots.shape != (T,) or slots.dtype != torch.int64 \
                 or not slots.is_contiguous():
             raise ValueError(f"ForwardOps: cos/sin {tuple(cos.shape)}, slots {tuple(slots.shape)} {slots.dtype} "
                              f"for {T} tokens of head_dim {D}")
+        for c in (c for kv in kv_caches for c in kv):
+            if c.shape != k_cache.shape or c.dtype != k_cache.dtype or c.device.type != "cpu" or not c.is_contiguous():
+                raise ValueError(f"every layer's caches must be contiguous CPU {tuple(k_cache.shape)} {k_cache.dtype}")
+        self.kv_ptrs = [(k.data_ptr(), v.data_ptr()) for k, v in kv_caches]
         self.lib = load()
         self.T, self.hidden, self.F = T, hidden, intermediate_size
         self.Hq, self.Hkv, self.D = num_heads, Hkv, D
-        self.cache_shape, self.dtype = k_cache.shape, k_cache.dtype
+        self.dtype = k_cache.dtype
         self.threads = torch.get_num_threads()
-        self.profiling = _profiling()
         self.n = torch.empty_like(h)
         self.q = h.new_empty((T, num_heads, D))
         self.o = torch.empty_like(self.q)
@@ -133,12 +131,6 @@ class ForwardOps:
         self.decode_rows = decode_rows  # cpu_attention.DecodeRows of the step, or None (no decode row)
         if decode_rows is not None:
             self.attend_args = decode_rows.bind(self.q, self.o, k_cache)
-
-    def _call(self, name: str, fn, *args) -> int:
-        if self.profiling:
-            with torch.profiler.record_function(f"minillm::{name}"):
-                return fn(*args)
-        return fn(*args)
 
     def _rows(self, t: torch.Tensor, width: int) -> int:
         # a matmul's output: [T, width] contiguous, in the step's dtype
@@ -151,36 +143,28 @@ class ForwardOps:
         """h += x (in place; x None: no add), then the normed rows of h (a buffer the next call reuses)."""
         hp = self._rows(h, self.hidden)
         xp = hp if x is None else self._rows(x, self.hidden)
-        self._call("cpu_add_rms_norm", self.lib.minillm_add_rms_norm, self.code, xp, None if x is None else hp, hp,
+        named_call(NORM, self.lib.minillm_add_rms_norm, self.code, xp, None if x is None else hp, hp,
                    self.n.data_ptr(), weight.data_ptr(), self.T, self.hidden, eps, self.threads)
         return self.n
 
-    def _caches(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int]:
-        for c in (k_cache, v_cache):
-            if c.shape != self.cache_shape or c.dtype != self.dtype or not c.is_contiguous():
-                raise ValueError(f"every layer's caches must be contiguous {tuple(self.cache_shape)} {self.dtype}")
-        return k_cache.data_ptr(), v_cache.data_ptr()
-
-    def rope_write(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """``rope_write`` into the step's query buffer."""
+    def rope_write(self, qkv: torch.Tensor, layer: int) -> torch.Tensor:
+        """``rope_write`` into the step's query buffer and layer ``layer``'s caches."""
         xp = self._rows(qkv, (self.Hq + 2 * self.Hkv) * self.D)
-        kp, vp = self._caches(k_cache, v_cache)
         cp, sp, slots, qp = self.rope_args
-        rc = self._call("cpu_rope_write", self.lib.minillm_rope_write, self.code, xp, cp, sp, slots, qp, kp, vp,
+        rc = named_call(ROPE, self.lib.minillm_rope_write, self.code, xp, cp, sp, slots, qp, *self.kv_ptrs[layer],
                         self.num_slots, self.T, self.Hq, self.Hkv, self.D, self.threads)
         if rc == 6:
             raise ValueError(f"rope_write: a slot is outside the cache's {self.num_slots} slots")
         return self.q
 
-    def attend_decode_rows(self, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
-        """The decode rows' attention (the CPU kernel) from the query buffer into the output buffer."""
+    def attend_decode_rows(self, layer: int, scale: float) -> torch.Tensor:
+        """The decode rows' attention (the CPU kernel) over layer ``layer``'s caches, from the query
+        buffer into the output buffer."""
         if self.decode_rows is not None:
-            kp, vp = self._caches(k_cache, v_cache)
-            self.decode_rows.run(self.attend_args, kp, vp, scale)
+            self.decode_rows.run(self.attend_args, *self.kv_ptrs[layer], scale)
         return self.o
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gp = self._rows(gate_up, 2 * self.F)
-        self._call("cpu_silu_mul", self.lib.minillm_silu_mul, self.code, gp, self.act.data_ptr(), self.T, self.F,
-                   self.threads)
+        named_call(SILU, self.lib.minillm_silu_mul, self.code, gp, self.act.data_ptr(), self.T, self.F, self.threads)
         return self.act

@@ -67,8 +67,7 @@ void add_rms_norm(const T* x, const T* res, T* h_out, T* n_out, const T* w, int6
         if (res != nullptr) {
             const T* rr = res + t * D;
             for (int64_t d = 0; d < D; ++d) {
-                const float h = round_to(T(), load(xr, d) + load(rr, d));
-                store(hr, d, h);
+                store(hr, d, load(xr, d) + load(rr, d));
             }
         } else if (hr != xr) {
             std::memcpy(hr, xr, D * sizeof(T));
@@ -89,7 +88,7 @@ void add_rms_norm(const T* x, const T* res, T* h_out, T* n_out, const T* w, int6
         T* nr = n_out + t * D;
         for (int64_t e = 0; e < D; ++e) {
             const float y = round_to(T(), load(hr, e) * r);
-            store(nr, e, round_to(T(), load(w, e) * y));
+            store(nr, e, load(w, e) * y);
         }
     }
 }
@@ -105,7 +104,7 @@ void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t F, int num_threads
         for (int64_t f = 0; f < F; ++f) {
             const float x = load(g, f);
             const float s = round_to(T(), x / (1.f + exp_approx(-x)));
-            store(o, f, round_to(T(), s * load(u, f)));
+            store(o, f, s * load(u, f));
         }
     }
 }
@@ -118,12 +117,12 @@ inline void rope_head(const T* x, const T* cos, const T* sin, T* y, int D) {
     for (int d = 0; d < half; ++d) {
         const float a = round_to(T(), load(x, d) * load(cos, d));
         const float b = round_to(T(), -load(x, d + half) * load(sin, d));
-        store(y, d, round_to(T(), a + b));
+        store(y, d, a + b);
     }
     for (int d = half; d < D; ++d) {
         const float a = round_to(T(), load(x, d) * load(cos, d));
         const float b = round_to(T(), load(x, d - half) * load(sin, d));
-        store(y, d, round_to(T(), a + b));
+        store(y, d, a + b);
     }
 }
 
