@@ -13,7 +13,7 @@ the special case of one block of ``max_model_len`` tokens per sequence, so the
 contiguous and the paged engines share this code.
 
 Three backends with one signature: ``torch`` (readable, the oracle), ``cpu`` (the same,
-with a step's decode rows in one call of a small C++ kernel, ``minillm/kernels/cpu_attention.py``;
+with all of a step's queries in one call of a small C++ kernel, ``minillm/kernels/cpu_attention.py``;
 the model then also runs its layers' RoPE, K/V write, norms and SwiGLU as C++ calls,
 ``model.Llama._cpu_layers``) and ``triton`` (``minillm/kernels/``).
 """
@@ -226,36 +226,44 @@ def _attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 
 def cpu_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """``torch_attention`` with every decode row of the step in one call of the CPU kernel
-    (``minillm/kernels/cpu_attention.py``); rows of several queries (prefills, chunks,
-    drafts to verify) attend as in ``torch_attention``. A learner's plugged decode
-    attention, or a dtype the kernel does not take (float16), runs ``torch_attention``."""
+    """``torch_attention`` with every query of the step in one call of the CPU kernel
+    (``minillm/kernels/cpu_attention.py``). A row of several queries (a prefill, a chunk,
+    drafts to verify) enters the kernel as that many one-query rows, query j of the row
+    seeing its sequence's keys up to its own position: the causal mask, by construction
+    (``cpu_attention_rows``). A learner's plugged decode attention, or a dtype the kernel
+    does not take (float16), runs ``torch_attention``."""
     from minillm.kernels import cpu_attention as kernel
 
     if q.dtype not in kernel.DTYPES or seams.plugged("paged_decode_attention") is not None:
         return torch_attention(q, k_cache, v_cache, meta, scale)
-    decode_rows, others = cpu_decode_plan(meta)
     out = torch.empty_like(q)
-    if decode_rows.num_rows:
-        decode_rows(q, k_cache, v_cache, scale, out)
-    if others:
-        _attend_rows(q, k_cache, v_cache, meta, scale, out, decode=False)
+    cpu_attention_rows(meta)(q, k_cache, v_cache, scale, out)
     return out
 
 
-def cpu_decode_plan(meta: AttentionMetadata):
-    """(the step's ``DecodeRows``: (sequence, token) of each one-query row, whether any row has
-    more queries), built once per step and reused by every layer."""
+def cpu_attention_rows(meta: AttentionMetadata):
+    """The step's queries as the CPU kernel's rows (a ``DecodeRows``), built once per step and
+    reused by every layer: one row per query token, with its sequence's block table and its
+    own number of keys. Query j of a sequence with n queries and ctx keys (this step's
+    included) sees keys 0 .. ctx - n + j, as ``torch_attention``'s shifted causal mask lets it.
+
+    Each token is a row of its own, so its attention does not depend on how its prompt was cut
+    into chunks or on the other rows of the step: the kernel gives a row the same bits alone or
+    in any batch (tests/test_cpu_attention.py).
+    """
     from minillm.kernels import cpu_attention as kernel
 
     plan = meta.plan
-    if "decode_rows" not in plan:
-        starts = meta.query_start_loc_list
-        rows = [(b, starts[b]) for b, n in enumerate(meta.query_lens_list) if n == 1]
-        others = any(n > 1 for n in meta.query_lens_list)
-        plan["decode_rows"] = (kernel.DecodeRows(meta.block_tables.to(torch.int32), meta.context_lens.to(torch.int32),
-                                                 torch.tensor(rows, dtype=torch.int64).view(-1, 2)), others)
-    return plan["decode_rows"]
+    if "cpu_rows" not in plan:
+        qlens = torch.tensor(meta.query_lens_list, dtype=torch.int64)
+        B = qlens.shape[0]
+        seq = torch.repeat_interleave(torch.arange(B), qlens)  # [R] the sequence of each row
+        j = torch.arange(seq.shape[0]) - (torch.cumsum(qlens, 0) - qlens)[seq]  # index within its sequence
+        starts = torch.tensor(meta.query_start_loc_list[:B], dtype=torch.int64)
+        ctx = meta.context_lens.to("cpu", torch.int64)[seq] - qlens[seq] + j + 1
+        rows = torch.stack([torch.arange(seq.shape[0]), starts[seq] + j], 1)  # (table row, token)
+        plan["cpu_rows"] = kernel.DecodeRows(meta.block_tables.to("cpu", torch.int32)[seq], ctx.to(torch.int32), rows)
+    return plan["cpu_rows"]
 
 
 def triton_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

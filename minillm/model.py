@@ -282,26 +282,20 @@ class Llama(nn.Module):
         (tests/test_cpu_layer_ops.py).
         """
         from . import seams
-        from .attention import _attend_rows, cpu_attention, cpu_decode_plan
+        from .attention import cpu_attention, cpu_attention_rows
         from .kernels import cpu_layer
 
         T, cfg = h.shape[0], self.cfg
-        decode_rows, others = cpu_decode_plan(meta)
         # a learner's decode attention plugged in (chapter 3): attention as cpu_attention runs it
         plugged = seams.plugged("paged_decode_attention") is not None
         ops = cpu_layer.ForwardOps(h, cos, sin, meta, cfg.num_heads, kv_caches, cfg.intermediate_size,
-                                   decode_rows if decode_rows.num_rows and not plugged else None)
+                                   None if plugged else cpu_attention_rows(meta))
         first = self.layers[0].input_norm
         n = ops.add_norm(None, h, first.weight, first.eps)  # h: the residual stream, updated in place
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             attn, mlp = layer.attn, layer.mlp
             q = ops.rope_write(attn.qkv_proj(n), i)  # [T, Hq, D]; this step's K/V in layer i's cache
-            if plugged:
-                o = cpu_attention(q, k_cache, v_cache, meta, attn.scale)
-            else:
-                o = ops.attend_decode_rows(i, attn.scale)
-                if others:  # prefills, chunks, drafts: attention as the torch backend's
-                    _attend_rows(q, k_cache, v_cache, meta, attn.scale, o, decode=False)
+            o = cpu_attention(q, k_cache, v_cache, meta, attn.scale) if plugged else ops.attend(i, attn.scale)
             n = ops.add_norm(attn.o_proj(o.view(T, cfg.q_size)), h, layer.post_attn_norm.weight,
                              layer.post_attn_norm.eps)
             norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm

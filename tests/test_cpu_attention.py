@@ -4,6 +4,8 @@
   test_step_cost) and the torch backend, in float32 and bfloat16, for block sizes from 1 to
   one block per sequence (the contiguous engines), contexts across the kernel's chunk edges;
 * steps that mix decode rows with prefills and chunks: the ``cpu`` backend equals ``torch``;
+* every query of a prefill, a chunk or a decode row is a kernel row of its own: a prompt's
+  queries give the same bits attended at once, in chunks of any size, or one by one;
 * a row's result does not depend on the other rows of the step (bit for bit), nor on the
   thread count;
 * bad arguments are a ValueError before anything is read; no compiler is a clear error;
@@ -17,7 +19,7 @@ import pytest
 import torch
 
 from minillm import placement
-from minillm.attention import BACKENDS, cpu_attention, torch_attention
+from minillm.attention import BACKENDS, AttentionMetadata, cpu_attention, torch_attention
 from minillm.config import EngineConfig
 from minillm.kernels import cpu_attention as kernel
 from tests.test_step_cost import TINY, _meta, _per_row
@@ -62,6 +64,33 @@ def test_steps_mixing_decodes_with_prefills_and_chunks_equal_the_torch_backend(d
         got = cpu_attention(q, k_cache, v_cache, meta, 0.125)
         want = _per_row(q.float(), k_cache.float(), v_cache.float(), meta, 0.125)
         assert (got.float() - want).abs().max().item() < tol, (qlens, ctxs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompt_attends_to_the_same_bits_at_once_in_chunks_and_token_by_token(dtype):
+    L = 300  # across the kernel's 256-key chunk edge
+    q, k_cache, v_cache, meta = _case([L], [L], 16, dtype, seed=7)
+    table = meta.block_tables
+
+    def step(qlens, ctxs, b_rows):  # sequences that all read the prompt's blocks
+        return AttentionMetadata(slot_mapping=torch.zeros(sum(qlens), dtype=torch.int64),
+                                 block_tables=table[[0] * b_rows], query_start_loc=torch.tensor([0, *qlens]).cumsum(0),
+                                 context_lens=torch.tensor(ctxs, dtype=torch.int32), block_size=16,
+                                 query_lens_list=qlens, context_lens_list=ctxs)
+
+    whole = cpu_attention(q, k_cache, v_cache, meta, 0.125)
+    want = _per_row(q.float(), k_cache.float(), v_cache.float(), meta, 0.125)
+    assert (whole.float() - want).abs().max().item() < (2e-6 if dtype == torch.float32 else 2e-2)
+    for cuts in ([1, 299], [100, 156, 44], [255, 2, 43], [7] * 42 + [6]):
+        done = 0
+        for n in cuts:
+            got = cpu_attention(q[done:done + n], k_cache, v_cache, step([n], [done + n], 1), 0.125)
+            assert torch.equal(got, whole[done:done + n]), (cuts, done)
+            done += n
+    # the last queries as decode rows of one step, next to a chunk of the same prompt
+    got = cpu_attention(torch.cat([q[:50], q[297:]]), k_cache, v_cache,
+                        step([50, 1, 1, 1], [50, 298, 299, 300], 4), 0.125)
+    assert torch.equal(got, torch.cat([whole[:50], whole[297:]]))
 
 
 def test_a_row_gives_the_same_bits_alone_in_any_batch_and_on_any_thread_count():

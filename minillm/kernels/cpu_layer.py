@@ -93,7 +93,7 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_map
 class ForwardOps:
     """The layer ops of one forward, for ``model.Llama._cpu_layers``: everything that is the same
     in every layer (dtype, token count, thread count, RoPE rows, slots, every layer's caches, the
-    step's decode rows) is checked and bound once, and a layer's call passes only its own
+    step's attention rows) is checked and bound once, and a layer's call passes only its own
     pointers. The functions above check every call, which costs microseconds each: 150 calls a
     step at SmolLM2's size.
 
@@ -103,7 +103,7 @@ class ForwardOps:
     """
 
     def __init__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, num_heads: int,
-                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], intermediate_size: int, decode_rows):
+                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], intermediate_size: int, rows):
         T, hidden = h.shape
         k_cache = kv_caches[0][0]
         self.code = _check(h, cos, sin, k_cache)
@@ -128,9 +128,9 @@ class ForwardOps:
         self.act = h.new_empty((T, intermediate_size))
         self.rope_args = (cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), self.q.data_ptr())
         self.num_slots = k_cache.shape[0] * block_size
-        self.decode_rows = decode_rows  # cpu_attention.DecodeRows of the step, or None (no decode row)
-        if decode_rows is not None:
-            self.attend_args = decode_rows.bind(self.q, self.o, k_cache)
+        self.rows = rows  # cpu_attention.DecodeRows of the step's queries, or None (attention elsewhere)
+        if rows is not None:
+            self.attend_args = rows.bind(self.q, self.o, k_cache)
 
     def _rows(self, t: torch.Tensor, width: int) -> int:
         # a matmul's output: [T, width] contiguous, in the step's dtype
@@ -157,11 +157,12 @@ class ForwardOps:
             raise ValueError(f"rope_write: a slot is outside the cache's {self.num_slots} slots")
         return self.q
 
-    def attend_decode_rows(self, layer: int, scale: float) -> torch.Tensor:
-        """The decode rows' attention (the CPU kernel) over layer ``layer``'s caches, from the query
-        buffer into the output buffer."""
-        if self.decode_rows is not None:
-            self.decode_rows.run(self.attend_args, *self.kv_ptrs[layer], scale)
+    def attend(self, layer: int, scale: float) -> torch.Tensor:
+        """The step's attention (the CPU kernel, every query a row) over layer ``layer``'s caches,
+        from the query buffer into the output buffer."""
+        if self.rows is None:
+            raise ValueError("ForwardOps was made without the step's rows: attention runs elsewhere")
+        self.rows.run(self.attend_args, *self.kv_ptrs[layer], scale)
         return self.o
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
