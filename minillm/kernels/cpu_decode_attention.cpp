@@ -169,10 +169,12 @@ int run(const T* q, int64_t q_stride, T* out, int64_t out_stride, const T* k_cac
             if (blk < 0 || blk >= shape.num_blocks) return 5;
         }
         const int chunks = (ctx + CHUNK - 1) / CHUNK;
-        row_slot[r + 1] = row_slot[r] + chunks * Hkv;
+        // a row of one chunk is finished by its task; the chunks of a longer row meet in `partial`
+        row_slot[r + 1] = row_slot[r] + (chunks > 1 ? chunks * Hkv : 0);
         for (int h = 0; h < Hkv; ++h)
             for (int c = 0; c < chunks; ++c)
-                tasks.push_back({r, h, c * CHUNK, std::min(ctx, (c + 1) * CHUNK), row_slot[r] + h * chunks + c});
+                tasks.push_back({r, h, c * CHUNK, std::min(ctx, (c + 1) * CHUNK),
+                                 chunks > 1 ? row_slot[r] + h * chunks + c : -1});
     }
     const int num_slots = row_slot[num_rows];
     const int per_slot = group * (D + 2);
@@ -182,15 +184,25 @@ int run(const T* q, int64_t q_stride, T* out, int64_t out_stride, const T* k_cac
     for (int i = 0; i < num_tasks; ++i) {
         const Task& tk = tasks[i];
         const int64_t b = rows[2 * tk.row], tok = rows[2 * tk.row + 1];
-        float* base = partial.data() + static_cast<size_t>(tk.slot) * per_slot;
+        alignas(64) float own[MAX_GROUP * (MAX_D + 2)];
+        float* base = tk.slot < 0 ? own : partial.data() + static_cast<size_t>(tk.slot) * per_slot;
         chunk_dispatch(q + tok * q_stride, k_cache, v_cache, block_tables + b * bt_stride, block_size, Hkv, group,
                         D, tk.kvh, tk.first, tk.last, scale, base, base + group, base + 2 * group);
+        if (tk.slot < 0) {  // the whole row: normalise into out
+            T* o = out + tok * out_stride + tk.kvh * group * D;
+            for (int g = 0; g < group; ++g) {
+                const float inv = 1.f / base[group + g];
+                const float* acc = base + 2 * group + g * D;
+                for (int d = 0; d < D; ++d) store(o, g * D + d, acc[d] * inv);
+            }
+        }
     }
     // combine the chunks of each (row, KV head): rescale to the largest max, then normalise
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_slots > 0)
     for (int i = 0; i < num_rows * Hkv; ++i) {
         const int r = i / Hkv, h = i % Hkv;
         const int chunks = (row_slot[r + 1] - row_slot[r]) / Hkv;
+        if (chunks == 0) continue;  // finished by its task
         const float* first = partial.data() + static_cast<size_t>(row_slot[r] + h * chunks) * per_slot;
         T* o = out + rows[2 * r + 1] * out_stride + h * group * D;
         for (int g = 0; g < group; ++g) {
