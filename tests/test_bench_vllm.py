@@ -154,6 +154,20 @@ def test_vllm_result_through_a_fake_runner(tmp_path, monkeypatch, capsys):
     assert "vllm" in capsys.readouterr().out  # the table has its row
 
 
+def test_chunked_prefill_runs_beside_vllm_and_is_refused_beside_other_engines(tmp_path, monkeypatch):
+    """vLLM always mixes prompt chunks into decode steps: paged,vllm with the flag compares one policy."""
+    monkeypatch.setenv("MINILLM_VLLM_PYTHON", str(_fake_python(tmp_path / "fake-python")))
+    monkeypatch.setattr(bench, "vllm_model_dir", lambda dummy_weights=False: tmp_path / "model")
+    out = tmp_path / "b.json"
+    assert bench.main(["--engine", "paged,vllm", "--enable-chunked-prefill", *TINY, "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["paged"]["enable_chunked_prefill"] is True and got["vllm"]["enable_chunked_prefill"] is True
+    for engines in (["continuous", "vllm"], ["paged", "static"]):
+        with pytest.raises(ValueError, match="run it with --engine paged"):
+            bench.check_chunked_prefill(engines, True)
+    bench.check_chunked_prefill(["continuous", "vllm"], False)
+
+
 def test_peer_replay_loop_with_a_fake_engine(capsys):
     """vllm_peer.run: arrivals in order, delta outputs gathered per request (ids vLLM suffixes), times."""
     import importlib.util

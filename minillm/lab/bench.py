@@ -58,7 +58,8 @@ count of the contiguous engine's bytes: for 32 chat requests (max_model_len 768)
 
 Chunked prefill (paged engine only): ``--enable-chunked-prefill`` gives every running
 decode its token first, then fills what is left of ``--max-num-batched-tokens`` with
-prompt chunks; without it a step is all-prefill or all-decode. Every result reports
+prompt chunks; without it a step is all-prefill or all-decode. vLLM's scheduler always
+works this way, so ``--engine paged,vllm --enable-chunked-prefill`` compares one policy. Every result reports
 itl_s.max, max_step_tokens and decode_stall_steps (steps in which a running, decoding
 request produced no token). On ``long-prompt-arrival`` (requests decoding when long
 prompts arrive), compare
@@ -396,9 +397,11 @@ def kv_extra(eng) -> dict[str, Any]:
 
 
 def check_chunked_prefill(engines: Sequence[str], enable_chunked_prefill: bool) -> None:
-    if enable_chunked_prefill and any(name != "paged" for name in engines):
+    """The flag is the paged scheduler's policy; vLLM's scheduler always mixes prompt chunks into
+    decode steps, so ``--engine paged,vllm`` with it compares the same policy side by side."""
+    if enable_chunked_prefill and any(name not in ("paged", "vllm") for name in engines):
         raise ValueError("--enable-chunked-prefill is a policy of the paged scheduler: run it with --engine paged "
-                         f"(got {', '.join(engines)})")
+                         f"(or paged,vllm: vLLM always chunks), got {', '.join(engines)}")
 
 
 def check_paged_only(engines: Sequence[str], flag: str, on: bool) -> None:
@@ -579,7 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token budget per step (default: max_model_len)")
     p.add_argument("--enable-chunked-prefill", action="store_true",
                    help="paged engine: decodes first, then prompt chunks within the token budget "
-                        "(default: a step is all-prefill or all-decode)")
+                        "(default: a step is all-prefill or all-decode; vLLM always chunks)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="KV region per slot (default: longest request rounded up to 256)")
     p.add_argument("--request-rate", type=float, default=0.0,
