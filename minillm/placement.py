@@ -1,9 +1,9 @@
 """Placement: the one place that decides device, dtype and attention backend.
 
 Rules: CUDA when present (bf16, Triton kernels); otherwise the CPU in fp32, with the
-``cpu`` attention backend (the readable torch attention, its decode rows in one call of a
-small C++ kernel, and the model's layers with their elementwise work in C++ calls; built on
-first use) where a C++ compiler is installed, else ``torch``.
+``cpu`` attention backend (the readable torch attention's numbers, a step's queries in one
+call of a small C++ kernel, and the model's layers with their elementwise work in C++
+calls; built on first use) where a C++ compiler is installed, else ``torch``.
 bf16 on the CPU is an option (``dtype="bfloat16"``): faster than fp32 where the CPU has
 bf16 matrix instructions (AVX512-BF16, AMX), several times slower where it has not (a
 warning says so); greedy tokens agree with fp32 only up to a point. The Triton backend

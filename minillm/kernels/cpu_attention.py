@@ -1,14 +1,17 @@
-"""Decode attention on the CPU as a small C++ kernel (``cpu_decode_attention.cpp``).
+"""Attention on the CPU as a small C++ kernel (``cpu_decode_attention.cpp``).
 
-What it computes is ``attention.torch_attention`` for the rows of a step that have one new
-token (the oracle, and what the tests compare it with): each row attends over exactly its
+What it computes is ``attention.torch_attention`` (the oracle, and what the tests compare it
+with) for rows of one query each: a decode row, or one query of a prefill, a chunk or drafts
+to verify, which ``attention.cpu_attention_rows`` gives the kernel as a row of its own with
+its own number of keys (the causal mask, by construction). Each row attends over exactly its
 sequence's cached keys, read through the block table. What it saves is the fixed cost of
 doing that with torch calls: a gather of the row's K/V, then small matrix products whose
 dispatch and packing cost several times the arithmetic of one row (python -m
-minillm.lab.profile_step shows attention's share of a step). The kernel streams each row's
-keys once, for all the query heads that share a KV head, and splits long rows into chunks
-so that every thread has work. It runs on torch's OpenMP threads (the same libgomp, the
-same thread count).
+minillm.lab.profile_step shows attention's share of a step); for a prefill, SDPA's CPU
+kernel on short causal rows (a prompt of 190 tokens: 2.5-3x the kernel's time in bf16).
+The kernel streams each row's keys once, for all the query heads that share a KV head, and
+splits long rows into chunks so that every thread has work. It runs on torch's OpenMP
+threads (the same libgomp, the same thread count).
 
 The source is compiled on first use with the system's C++ compiler (g++ or c++; about 2 s)
 into the cache folder (``MINILLM_CACHE``), once per source, compiler and CPU, and loaded

@@ -1,5 +1,7 @@
-// Decode attention on the CPU: every row of a step that has one new token attends over its
-// sequence's cached keys, read through the block table once, in one call for the whole step.
+// Attention on the CPU: every row of a step has one query and attends over its sequence's
+// cached keys, read through the block table once, in one call for the whole step. A decode row
+// is one such row; a prefill, a chunk or drafts to verify come as one row per query, each with
+// its own number of keys (attention.cpu_attention_rows: the causal mask, by construction).
 //
 // Why a kernel of its own: the work of one row is small (at 800 keys, SmolLM2 reads ~1.2 MB of
 // K/V and does ~2 MFLOP per layer), and torch spells it as a gather plus small matrix products
