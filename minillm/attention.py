@@ -168,27 +168,20 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     requests spends its time on). A lone decode row attends over exactly its keys.
     """
     out = torch.empty_like(q)
-    _attend_rows(q, k_cache, v_cache, meta, scale, out, decode=True)
-    return out
-
-
-def _attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                 scale: float, out: torch.Tensor, decode: bool) -> None:
-    """``torch_attention`` into ``out``; with ``decode=False``, rows of one query are left alone."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
     starts = meta.query_start_loc_list
     decode_seam = seams.plugged("paged_decode_attention")  # a learner's decode attention (chapter 3)
     grouped: dict[int, tuple[int, int]] = {}  # first row -> (rows, longest context), planned once per step
-    if decode_seam is None and decode:
+    if decode_seam is None:
         if "groups" not in meta.plan:
             meta.plan["groups"] = {b0: (g, L) for b0, g, L in
                                    decode_groups(meta.query_lens_list, meta.context_lens_list) if g > 1}
         grouped = meta.plan["groups"]
     skip_to = 0
     for b, (n, ctx) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):
-        if n == 0 or b < skip_to or (n == 1 and not decode):
+        if n == 0 or b < skip_to:
             continue
         s = starts[b]
         if b in grouped:
@@ -222,6 +215,7 @@ def _attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
             o = F.scaled_dot_product_attention(qs, k[None], v[None], attn_mask=pos[None, :] <= qpos[:, None],
                                                scale=scale, enable_gqa=True)
         out[s:s + n] = o[0].transpose(0, 1)
+    return out
 
 
 def cpu_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
