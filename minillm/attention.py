@@ -254,7 +254,7 @@ def cpu_attention_rows(meta: AttentionMetadata):
         seq = torch.repeat_interleave(torch.arange(B), qlens)  # [R] the sequence of each row
         j = torch.arange(seq.shape[0]) - (torch.cumsum(qlens, 0) - qlens)[seq]  # index within its sequence
         starts = torch.tensor(meta.query_start_loc_list[:B], dtype=torch.int64)
-        ctx = meta.context_lens.to("cpu", torch.int64)[seq] - qlens[seq] + j + 1
+        ctx = torch.tensor(meta.context_lens_list, dtype=torch.int64)[seq] - qlens[seq] + j + 1
         rows = torch.stack([torch.arange(seq.shape[0]), starts[seq] + j], 1)  # (table row, token)
         plan["cpu_rows"] = kernel.DecodeRows(meta.block_tables.to("cpu", torch.int32)[seq], ctx.to(torch.int32), rows)
     return plan["cpu_rows"]
