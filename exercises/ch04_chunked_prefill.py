@@ -139,7 +139,7 @@ def decode_stall_steps(step_ends: list[float], token_times: list[list[float]]) -
     With chunking off every prefill step that runs while others decode is a stall;
     with chunked prefill the count is 0.
 
-    Answer, after you try: ``minillm/lab/summary.py``, ``decode_stall_steps``.
+    Answer, after you try: ``minillm/bench/summary.py``, ``decode_stall_steps``.
     """
     raise NotImplementedError
 
@@ -147,7 +147,7 @@ def decode_stall_steps(step_ends: list[float], token_times: list[list[float]]) -
 def quiz_answers() -> dict[str, str | float]:
     """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
 
-    Print the questions with ``from minillm.lab import quiz; quiz.show("ch04")`` (the
+    Print the questions with ``from minillm.bench import quiz; quiz.show("ch04")`` (the
     chapter's last cells do it). A choice question takes a letter ("b"); a numeric
     question a number (rounded as the question says before it is compared). Leave a
     question out until you have an answer: it is graded as not answered.

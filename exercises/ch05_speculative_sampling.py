@@ -29,7 +29,7 @@ def accept_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
 
     Hints: one division and ``clamp(max=1.0)`` (or ``torch.minimum``).
 
-    Answer, after you try: ``minillm/spec/rejection_sampler.py``, ``acceptance_probability``.
+    Answer, after you try: ``minillm/spec_decode/rejection_sampler.py``, ``acceptance_probability``.
     """
     raise NotImplementedError
 
@@ -49,7 +49,7 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     Hints: ``(p - q).clamp(min=0)``, ``sum(dim=-1, keepdim=True)``, ``torch.where``.
     Divide by ``mass.clamp(min=tiny)`` so the all-zero rows do not make nan.
 
-    Answer, after you try: ``minillm/spec/rejection_sampler.py``, ``residual_distribution``.
+    Answer, after you try: ``minillm/spec_decode/rejection_sampler.py``, ``residual_distribution``.
     """
     raise NotImplementedError
 
@@ -64,7 +64,7 @@ def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
     Hints: write out the expectation and simplify q(x) * min(1, p(x)/q(x)).
 
-    Answer, after you try: ``minillm/spec/rejection_sampler.py``, ``acceptance_rate``.
+    Answer, after you try: ``minillm/spec_decode/rejection_sampler.py``, ``acceptance_rate``.
     """
     raise NotImplementedError
 
@@ -88,7 +88,7 @@ def rejection_sample_one(draft_tokens: list[int], q: torch.Tensor, p: torch.Tens
 
     Hints: a plain loop over i; reuse your two functions above.
 
-    Answer, after you try: ``minillm/spec/rejection_sampler.py``, ``verify_probs`` (the
+    Answer, after you try: ``minillm/spec_decode/rejection_sampler.py``, ``verify_probs`` (the
     probabilities, batched) and ``emit_tokens`` (the walk); ``rejection_sample_ref`` is
     the same algorithm as a loop.
     """
@@ -111,7 +111,7 @@ def ngram_propose(tokens: list[int], n: int, k: int) -> list[int]:
 
     Hints: loop j from len(tokens) - n - 1 down to 0 and compare slices.
 
-    Answer, after you try: ``minillm/spec/ngram.py``, ``NgramProposer.propose`` (which
+    Answer, after you try: ``minillm/spec_decode/ngram.py``, ``NgramProposer.propose`` (which
     also tries n_max down to n_min).
     """
     raise NotImplementedError
@@ -127,7 +127,7 @@ def expected_tokens_per_forward(alpha: float, k: int) -> float:
 
     Hints: P(at least i drafts accepted) = alpha^i; watch out for alpha == 1.
 
-    Answer, after you try: ``minillm/spec/rejection_sampler.py``, ``expected_num_emitted``.
+    Answer, after you try: ``minillm/spec_decode/rejection_sampler.py``, ``expected_num_emitted``.
     """
     raise NotImplementedError
 
@@ -150,7 +150,7 @@ def speculative_speedup(alpha: float, k: int, c_draft: float, c_verify: float) -
     alpha, c_draft and c_verify on this machine: the cell after the exercises puts your
     function next to the measured speedups.
 
-    Answer, after you try: ``minillm/spec/policy.py``, ``expected_speedup``.
+    Answer, after you try: ``minillm/spec_decode/policy.py``, ``expected_speedup``.
     """
     raise NotImplementedError
 
@@ -178,7 +178,7 @@ def next_num_speculative_tokens(k: int, acceptance: float | None, k_max: int, k_
     Contract: None -> k unchanged; above ``up`` -> k + 1; below ``down`` -> k - 1; else k;
     the result clamped to [k_min, k_max].
 
-    Answer, after you try: ``minillm/spec/policy.py``, ``next_num_speculative_tokens``.
+    Answer, after you try: ``minillm/spec_decode/policy.py``, ``next_num_speculative_tokens``.
     """
     raise NotImplementedError
 
@@ -186,7 +186,7 @@ def next_num_speculative_tokens(k: int, acceptance: float | None, k_max: int, k_
 def quiz_answers() -> dict[str, str | float]:
     """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
 
-    Print the questions with ``from minillm.lab import quiz; quiz.show("ch05")`` (the
+    Print the questions with ``from minillm.bench import quiz; quiz.show("ch05")`` (the
     chapter's last cells do it). A choice question takes a letter ("b"); a numeric
     question a number (rounded as the question says before it is compared). Leave a
     question out until you have an answer: it is graded as not answered.

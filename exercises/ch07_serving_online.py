@@ -28,7 +28,7 @@ def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
     Hints: ``random.Random(seed)`` gives a generator of your own (do not reseed the global
     one); ``rng.expovariate(rate)`` draws one gap; so does ``-math.log(1 - rng.random()) / rate``.
 
-    Answer, after you try: ``minillm/serving/load.py``, ``poisson_arrivals``.
+    Answer, after you try: ``minillm/bench/loadgen.py``, ``poisson_arrivals``.
     """
     raise NotImplementedError
 
@@ -53,7 +53,7 @@ def goodput(ttfts: list[float | None], tpots: list[float | None], duration: floa
     SLOs 1 s and 0.2 s -> only the first meets it -> 0.5 requests/s. Throughput would
     count 3 finished requests (1.5/s): goodput is what users got *in time*.
 
-    Answer, after you try: ``minillm/serving/load.py``, ``goodput`` and ``meets_slo``.
+    Answer, after you try: ``minillm/bench/loadgen.py``, ``goodput`` and ``meets_slo``.
     """
     raise NotImplementedError
 
@@ -83,7 +83,7 @@ def next_token_budget(budget: int, itl_p95: float | None, target: float, min_bud
     Example: budget 256, target 0.2 s, bounds [8, 512]: p95 0.35 -> 128; p95 0.1 -> 272;
     p95 0.18 -> 256; p95 0.35 with budget 12 -> 8 (the floor).
 
-    Answer, after you try: ``minillm/lab/load_sweep.py``, ``slo_token_budget`` (and
+    Answer, after you try: ``minillm/bench/sweep.py``, ``slo_token_budget`` (and
     ``run_open_loop(..., controller=...)``, which applies it between engine steps).
     """
     raise NotImplementedError

@@ -83,16 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "generate":
             return generate(rest)
         if cmd == "bench":
-            from minillm.lab.bench import main as bench_main
+            from minillm.bench.compare import main as bench_main
             return bench_main(rest)
         if cmd == "serve":
             from minillm.serving.server import main as serve_main
             return serve_main(rest)
         if cmd == "load":
-            from minillm.serving.load import main as load_main
+            from minillm.bench.loadgen import main as load_main
             return load_main(rest)
         if cmd == "capstone":
-            from minillm.lab.capstone import main as capstone_main
+            from minillm.course.capstone import main as capstone_main
             return capstone_main(rest)
     except (ValueError, FileNotFoundError) as e:
         # Bad input is the user's to fix: one line, no traceback.

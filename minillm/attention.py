@@ -13,7 +13,7 @@ the special case of one block of ``max_model_len`` tokens per sequence, so the
 contiguous and the paged engines share this code.
 
 Three backends with one signature: ``torch`` (readable, the oracle), ``cpu`` (the same,
-with all of a step's queries in one call of a small C++ kernel, ``minillm/kernels/cpu_attention.py``;
+with all of a step's queries in one call of a small C++ kernel, ``minillm/kernels/cpu/attention.py``;
 the model then also runs its layers' RoPE, K/V write, norms and SwiGLU as C++ calls,
 ``model.Llama._cpu_layers``) and ``triton`` (``minillm/kernels/``).
 """
@@ -221,12 +221,12 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 def cpu_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """``torch_attention`` with every query of the step in one call of the CPU kernel
-    (``minillm/kernels/cpu_attention.py``). A row of several queries (a prefill, a chunk,
+    (``minillm/kernels/cpu/attention.py``). A row of several queries (a prefill, a chunk,
     drafts to verify) enters the kernel as that many one-query rows, query j of the row
     seeing its sequence's keys up to its own position: the causal mask, by construction
     (``cpu_attention_rows``). A learner's plugged decode attention, or a dtype the kernel
     does not take (float16), runs ``torch_attention``."""
-    from minillm.kernels import cpu_attention as kernel
+    from minillm.kernels.cpu import attention as kernel
 
     if q.dtype not in kernel.DTYPES or seams.plugged("paged_decode_attention") is not None:
         return torch_attention(q, k_cache, v_cache, meta, scale)
@@ -245,7 +245,7 @@ def cpu_attention_rows(meta: AttentionMetadata):
     into chunks or on the other rows of the step: the kernel gives a row the same bits alone or
     in any batch (tests/test_cpu_attention.py).
     """
-    from minillm.kernels import cpu_attention as kernel
+    from minillm.kernels.cpu import attention as kernel
 
     plan = meta.plan
     if "cpu_rows" not in plan:

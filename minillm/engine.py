@@ -56,7 +56,7 @@ class LLMEngine:
         self.scheduler = scheduler
         self.runner = runner  # ModelRunner, or the simulator's cost-model runner
         self.model = getattr(runner, "model", None)
-        self.speculator = speculator  # minillm.spec.speculator.Speculator, or None
+        self.speculator = speculator  # minillm.spec_decode.speculator.Speculator, or None
         self.clock = clock or WallClock()
         scheduler.clock = self.clock.now
         self.device = resolved.placement.device
@@ -180,7 +180,7 @@ class LLMEngine:
 
     @property
     def spec_stats(self):
-        """Speculation counters (``minillm.spec.speculator.SpecStats``), or None without speculation."""
+        """Speculation counters (``minillm.spec_decode.speculator.SpecStats``), or None without speculation."""
         return None if self.speculator is None else self.speculator.stats
 
     def _check_progress(self) -> None:
@@ -291,8 +291,8 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
         runner.capture_cuda_graphs(rc.max_num_seqs, rc.max_model_len)
     speculator = None
     if config.speculative is not None:
-        from .spec.drafters import build_drafter
-        from .spec.speculator import Speculator
+        from .spec_decode.drafters import build_drafter
+        from .spec_decode.speculator import Speculator
 
         drafter = build_drafter(config.speculative, model, rc.num_blocks, rc.block_size, place.device, place.dtype)
         speculator = Speculator(config.speculative, drafter)

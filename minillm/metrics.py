@@ -1,7 +1,7 @@
 """Step records: what each engine step did, written by the engine after every step.
 
 The numbers built from them (slot utilization, KV waste, latency percentiles) and their
-definitions are in ``minillm/lab/summary.py``.
+definitions are in ``minillm/bench/summary.py``.
 """
 from __future__ import annotations
 

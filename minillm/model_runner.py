@@ -9,7 +9,7 @@ tokens of all rows end to end and builds the flat tensors of design.md §2:
 then runs the model once and computes logits only where a row samples (its last new
 token reaches the end of what the request knows).
 
-A row may also carry *drafted* tokens (speculative decoding, ``minillm/spec/``): they
+A row may also carry *drafted* tokens (speculative decoding, ``minillm/spec_decode/``): they
 are fed after the known ones, and the row gets logits at its last known token and at
 every draft, the k + 1 distributions that verify k drafts in this one forward.
 """

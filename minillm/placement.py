@@ -63,7 +63,7 @@ def resolve(device: str | None = None, dtype: str | None = None,
         warnings.warn(
             "dtype='bfloat16' on a CPU without bf16 matrix instructions (AVX512-BF16 or AMX): the matmuls "
             "convert every weight to float32 on the fly and run several times slower than float32 "
-            "(python -m minillm.lab.profile_step --dtype bfloat16 shows by how much). Use dtype='float32' here.",
+            "(python -m minillm.bench.profile_step --dtype bfloat16 shows by how much). Use dtype='float32' here.",
             stacklevel=3)
     return Placement(dev, _DTYPES[dtype], attention_backend)
 
@@ -72,7 +72,7 @@ def default_cpu_backend() -> str:
     """``cpu`` where its kernel builds and loads (a C++ compiler is installed; the first call
     builds it, about 2 s, into the cache), else ``torch``, with a warning if a compiler is
     there but the build failed."""
-    from minillm.kernels import cpu_attention
+    from minillm.kernels.cpu import attention
 
     if cpu_attention.compiler() is None:
         return "torch"

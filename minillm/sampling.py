@@ -206,7 +206,7 @@ def exponential_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     of rate p_i with probability p_i / sum(p) (the "exponential race"; the same draw as the
     Gumbel-max trick, log p_i - log E_i = log p_i + Gumbel). It needs V random numbers per
     row whatever p is, and the noise can be fixed before p is known: the property that
-    speculative verification builds on (``minillm/spec/rejection_sampler.py``,
+    speculative verification builds on (``minillm/spec_decode/rejection_sampler.py``,
     ``coupled_verify``). Zero-probability entries score 0, so a noise of exactly 0 cannot
     make 0/0 = nan win the argmax.
     """

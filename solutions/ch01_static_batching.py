@@ -9,14 +9,14 @@ from collections import deque
 
 import torch
 
-from minillm.lab import hf_baselines
-from minillm.lab.cost_model import simulate
-from minillm.lab.workload import workload_from_lengths
+from minillm.bench import hf_baselines
+from minillm.bench.cost_model import simulate
+from minillm.bench.workload import workload_from_lengths
 from minillm.request import Request, RequestStatus
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read ``minillm/lab/hf_baselines.py``, ``left_pad``: how ``hf-generate`` batches a group."""
+    """Read ``minillm/bench/hf_baselines.py``, ``left_pad``: how ``hf-generate`` batches a group."""
     return hf_baselines.left_pad(prompts, pad_id)
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
-from minillm.lab.cost_model import simulate
+from minillm.bench.cost_model import simulate
 from minillm.request import Request, RequestStatus
-from minillm.lab.workload import workload_from_lengths
+from minillm.bench.workload import workload_from_lengths
 
 
 def schedule_step(running: list[Request], waiting: deque[Request], max_num_seqs: int,
@@ -37,14 +37,14 @@ def schedule_step(running: list[Request], waiting: deque[Request], max_num_seqs:
 
 def continuous_num_steps(prompt_lens: list[int], output_lens: list[int], max_num_seqs: int,
                          max_num_batched_tokens: int) -> int:
-    """Read ``minillm/lab/cost_model.py``, ``simulate``: the engine on a virtual clock, no model."""
+    """Read ``minillm/bench/cost_model.py``, ``simulate``: the engine on a virtual clock, no model."""
     wl = workload_from_lengths(prompt_lens, output_lens)
     return len(simulate(wl, "continuous", max_num_seqs, max_num_batched_tokens=max_num_batched_tokens).steps)
 
 
 def predict_makespan(prompt_lens: list[int], output_lens: list[int], max_num_seqs: int, engine: str,
                      step_time: Callable[[list[int], list[int], int], float]) -> float:
-    """The schedulers' rules in a few lines; ``minillm/lab/cost_model.py``'s ``simulate``
+    """The schedulers' rules in a few lines; ``minillm/bench/cost_model.py``'s ``simulate``
     runs the real schedulers on a virtual clock and agrees (the tests check it)."""
     if engine not in ("static", "continuous"):
         raise ValueError(f"engine must be 'static' or 'continuous', got {engine!r}")

@@ -3,7 +3,7 @@
 The scheduling answers spell out, on plain lists, what ``PagedScheduler`` does with
 requests, KV blocks and batch slots (``minillm/scheduler/paged.py``); the mask is the
 one ``minillm/attention.py`` builds for a chunk after cached context; the stall count is
-``minillm/lab/summary.py``'s own.
+``minillm/bench/summary.py``'s own.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
-from minillm.lab import summary
+from minillm.bench import summary
 
 
 def split_budget(num_decodes: int, prefill_tokens_left: list[int], budget: int) -> list[int]:
@@ -70,7 +70,7 @@ def chunked_prefill_latency(prompt_len: int, num_decodes: int, budget: int, over
 
 
 def decode_stall_steps(step_ends: list[float], token_times: list[list[float]]) -> int:
-    """``minillm/lab/summary.py``, ``decode_stall_steps``: it reads only each step's ``end`` and
+    """``minillm/bench/summary.py``, ``decode_stall_steps``: it reads only each step's ``end`` and
     each request's ``token_times``, so plain stand-ins for StepRecord and RequestMetrics do."""
     steps = [SimpleNamespace(end=end) for end in step_ends]
     requests = [SimpleNamespace(token_times=list(times)) for times in token_times]

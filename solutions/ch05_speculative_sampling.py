@@ -1,33 +1,33 @@
 """Chapter 5 solutions: same names and signatures as ``exercises/ch05_speculative_sampling.py``.
 
-The answers are the code ``minillm/spec`` runs; each wrapper says where to read it.
+The answers are the code ``minillm/spec_decode`` runs; each wrapper says where to read it.
 """
 from __future__ import annotations
 
 import torch
 
-from minillm.spec import rejection_sampler
-from minillm.spec.ngram import NgramProposer
+from minillm.spec_decode import rejection_sampler
+from minillm.spec_decode.ngram import NgramProposer
 
 
 def accept_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
-    """Read ``minillm/spec/rejection_sampler.py``, ``acceptance_probability``."""
+    """Read ``minillm/spec_decode/rejection_sampler.py``, ``acceptance_probability``."""
     return rejection_sampler.acceptance_probability(p_x, q_x)
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Read ``minillm/spec/rejection_sampler.py``, ``residual_distribution``: clamp, normalize, p if empty."""
+    """Read ``minillm/spec_decode/rejection_sampler.py``, ``residual_distribution``: clamp, normalize, p if empty."""
     return rejection_sampler.residual_distribution(p, q)
 
 
 def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Read ``minillm/spec/rejection_sampler.py``, ``acceptance_rate``: sum of min(p, q)."""
+    """Read ``minillm/spec_decode/rejection_sampler.py``, ``acceptance_rate``: sum of min(p, q)."""
     return rejection_sampler.acceptance_rate(p, q)
 
 
 def rejection_sample_one(draft_tokens: list[int], q: torch.Tensor, p: torch.Tensor,
                          uniforms: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-    """Read ``minillm/spec/rejection_sampler.py``: ``verify_probs`` gives every acceptance
+    """Read ``minillm/spec_decode/rejection_sampler.py``: ``verify_probs`` gives every acceptance
     probability and the distribution for each stopping point; ``emit_tokens`` walks them
     with ``u < accept``. Here the walk uses the uniforms we are given."""
     ids = torch.tensor(draft_tokens, dtype=torch.long).reshape(1, -1)  # a batch of one row
@@ -39,18 +39,18 @@ def rejection_sample_one(draft_tokens: list[int], q: torch.Tensor, p: torch.Tens
 
 
 def ngram_propose(tokens: list[int], n: int, k: int) -> list[int]:
-    """Read ``minillm/spec/ngram.py``, ``NgramProposer.propose``, here with n_min = n_max = n."""
+    """Read ``minillm/spec_decode/ngram.py``, ``NgramProposer.propose``, here with n_min = n_max = n."""
     return NgramProposer(n_max=n, n_min=n, k=k).propose(tokens)
 
 
 def expected_tokens_per_forward(alpha: float, k: int) -> float:
-    """Read ``minillm/spec/rejection_sampler.py``, ``expected_num_emitted``: a geometric sum."""
+    """Read ``minillm/spec_decode/rejection_sampler.py``, ``expected_num_emitted``: a geometric sum."""
     return rejection_sampler.expected_num_emitted(alpha, k)
 
 
 def speculative_speedup(alpha: float, k: int, c_draft: float, c_verify: float) -> float:
-    """Read ``minillm/spec/policy.py``, ``expected_speedup`` (every step drafts: fraction 1)."""
-    from minillm.spec import policy
+    """Read ``minillm/spec_decode/policy.py``, ``expected_speedup`` (every step drafts: fraction 1)."""
+    from minillm.spec_decode import policy
 
     if not (0.0 <= alpha <= 1.0) or k < 1 or c_draft < 0 or c_verify <= 0:
         raise ValueError(f"need 0 <= alpha <= 1, k >= 1, c_draft >= 0, c_verify > 0; "
@@ -68,8 +68,8 @@ def rollback_blocks(block_ids: list[int], num_tokens: int, block_size: int) -> l
 
 def next_num_speculative_tokens(k: int, acceptance: float | None, k_max: int, k_min: int = 1,
                                 up: float = 0.8, down: float = 0.5) -> int:
-    """Read ``minillm/spec/policy.py``, ``next_num_speculative_tokens``."""
-    from minillm.spec import policy
+    """Read ``minillm/spec_decode/policy.py``, ``next_num_speculative_tokens``."""
+    from minillm.spec_decode import policy
 
     return policy.next_num_speculative_tokens(k, acceptance, k_max, k_min, up, down)
 

@@ -1,22 +1,22 @@
 """Chapter 7 solutions: same names and signatures as ``exercises/ch07_serving_online.py``.
 
-The arrivals and the goodput are the load generator's own (``minillm/serving/load.py``);
-the controller is ``minillm/lab/load_sweep.py``'s ``slo_token_budget``.
+The arrivals and the goodput are the load generator's own (``minillm/bench/loadgen.py``);
+the controller is ``minillm/bench/sweep.py``'s ``slo_token_budget``.
 """
 from __future__ import annotations
 
-from minillm.lab.load_sweep import slo_token_budget
-from minillm.serving import load
+from minillm.bench.sweep import slo_token_budget
+from minillm.bench import loadgen
 
 
 def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
-    """``load.poisson_arrivals``: exponential gaps of mean 1 / rate from a seeded generator."""
-    return load.poisson_arrivals(rate, n, seed)
+    """``loadgen.poisson_arrivals``: exponential gaps of mean 1 / rate from a seeded generator."""
+    return loadgen.poisson_arrivals(rate, n, seed)
 
 
 def goodput(ttfts: list[float | None], tpots: list[float | None], duration: float,
             slo_ttft: float = 1.0, slo_tpot: float = 0.2) -> float:
-    """``load.goodput`` on records built from the two lists (a failed request has no TTFT)."""
+    """``loadgen.goodput`` on records built from the two lists (a failed request has no TTFT)."""
     if len(ttfts) != len(tpots):
         raise ValueError(f"got {len(ttfts)} TTFTs and {len(tpots)} TPOTs: give one of each per request")
     if not duration > 0:
@@ -24,7 +24,7 @@ def goodput(ttfts: list[float | None], tpots: list[float | None], duration: floa
     if not (slo_ttft > 0 and slo_tpot > 0):
         raise ValueError(f"the SLOs must be > 0 seconds, got slo_ttft={slo_ttft!r}, slo_tpot={slo_tpot!r}")
     records = [{"ok": ttft is not None, "ttft": ttft, "tpot": tpot} for ttft, tpot in zip(ttfts, tpots)]
-    return load.goodput(records, slo_ttft, slo_tpot, duration)
+    return loadgen.goodput(records, slo_ttft, slo_tpot, duration)
 
 
 def next_token_budget(budget: int, itl_p95: float | None, target: float, min_budget: int, max_budget: int,

@@ -10,7 +10,7 @@ import pytest
 
 from minillm import EngineConfig, SamplingParams
 from minillm.engine import LLM, build_engine
-from minillm.lab.summary import slot_utilization
+from minillm.bench.summary import slot_utilization
 
 pytestmark = pytest.mark.slow
 
@@ -132,8 +132,8 @@ def test_prompt_that_can_never_fit_is_rejected_without_stalling(model_files, eng
 
 def test_hf_baselines_match_on_the_same_requests(model_files, alone):
     from minillm import loader
-    from minillm.lab import hf_baselines
-    from minillm.lab.workload import Workload, WorkloadRequest
+    from minillm.bench import hf_baselines
+    from minillm.bench.workload import Workload, WorkloadRequest
 
     _, tok = model_files
     want = [6, 2, 8]  # greedy: a shorter run is a prefix of the longer one run alone

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from minillm.lab import bench
+from minillm.bench import compare
 
 TINY = ["--dummy-weights", "--workload", "uniform", "--num-requests", "2", "--workload-param", "prompt_len=8",
         "--workload-param", "output_len=3", "--max-num-seqs", "2", "--no-progress", "--threads", "1"]
@@ -36,11 +36,11 @@ def test_no_vllm_is_one_line_and_status_2(tmp_path, monkeypatch, capsys):
 
 def test_a_python_without_vllm_is_refused_before_the_run(monkeypatch, capsys):
     monkeypatch.setenv("MINILLM_VLLM_PYTHON", sys.executable)  # this venv has no vllm (never a requirement)
-    if bench._imports_vllm(sys.executable):
+    if compare._imports_vllm(sys.executable):
         pytest.skip("this Python has vllm")
     _no_run(monkeypatch)
     with pytest.raises(SystemExit) as e:
-        bench.main(["--engine", "vllm", *TINY])
+        compare.main(["--engine", "vllm", *TINY])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot import vllm" in err[0] and "make peer-vllm" in err[0]
@@ -80,15 +80,15 @@ def test_find_vllm_python_order(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     monkeypatch.setattr(bench, "repo_root", lambda: tmp_path)
     monkeypatch.delenv("MINILLM_VLLM_PYTHON", raising=False)
-    with pytest.raises(bench.VllmNotFound, match="vLLM is not installed: run `make peer-vllm`"):
-        bench.find_vllm_python()
+    with pytest.raises(compare.VllmNotFound, match="vLLM is not installed: run `make peer-vllm`"):
+        compare.find_vllm_python()
     local = tmp_path / ".venv-vllm" / "bin" / "python"
     local.parent.mkdir(parents=True)
     _fake_python(local)
-    assert bench.find_vllm_python() == str(local)
+    assert compare.find_vllm_python() == str(local)
     other = _fake_python(tmp_path / "other-python")
     monkeypatch.setenv("MINILLM_VLLM_PYTHON", str(other))  # the variable comes first
-    assert bench.find_vllm_python() == str(other)
+    assert compare.find_vllm_python() == str(other)
 
 
 def test_dtype_reaches_every_engine(tmp_path, monkeypatch):
@@ -105,7 +105,7 @@ def test_dtype_reaches_every_engine(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loader, "hf_model_from_weights", tiny_hf_model)
     out = tmp_path / "b.json"
-    assert bench.main(["--engine", "continuous,hf-generate", *TINY, "--dtype", "bfloat16", "--json", str(out)]) == 0
+    assert compare.main(["--engine", "continuous,hf-generate", *TINY, "--dtype", "bfloat16", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["continuous"]["dtype"] == "bfloat16" and got["hf-generate"]["dtype"] == "bfloat16"
     assert got["continuous"]["output_tokens"] == 6
@@ -114,23 +114,23 @@ def test_dtype_reaches_every_engine(tmp_path, monkeypatch):
 def test_bf16_with_the_triton_backend_on_the_cpu_is_a_usage_error(monkeypatch, capsys):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(SystemExit) as e:
-        bench.main(["--engine", "continuous", *TINY, "--dtype", "bfloat16", "--attention-backend", "triton"])
+        compare.main(["--engine", "continuous", *TINY, "--dtype", "bfloat16", "--attention-backend", "triton"])
     assert e.value.code == 2 and "bfloat16" in capsys.readouterr().err
 
 
 def test_vllm_result_through_a_fake_runner(tmp_path, monkeypatch, capsys):
     """The job vLLM gets, and what bench makes of its answer: fields, None where unknown, same_tokens_as."""
-    from minillm.lab.workload import make_workload
+    from minillm.bench.workload import make_workload
 
     record = tmp_path / "job-seen.json"
     monkeypatch.setenv("MINILLM_VLLM_PYTHON", str(_fake_python(tmp_path / "fake-python", record)))
     monkeypatch.setattr(bench, "vllm_model_dir", lambda dummy_weights=False: tmp_path / "model")
     wl = make_workload("uniform", 2, 0, None, prompt_len=8, output_len=3)
-    ref = bench.run_benchmark(["continuous"], wl, max_num_seqs=2, dummy_weights=True, progress=False)[0]
+    ref = compare.run_benchmark(["continuous"], wl, max_num_seqs=2, dummy_weights=True, progress=False)[0]
     # vLLM "agrees" on the first request only.
     monkeypatch.setenv("FAKE_VLLM_TOKENS", json.dumps([ref.output_token_ids[0], [1, 2, 3]]))
     out = tmp_path / "b.json"
-    assert bench.main(["--engine", "continuous,vllm", *TINY, "--json", str(out)]) == 0
+    assert compare.main(["--engine", "continuous,vllm", *TINY, "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     v, c = got["vllm"], got["continuous"]
     assert v["same_tokens_as"] == {"engine": "continuous", "fraction": 0.5, "first_difference": [None, 0]}
@@ -159,13 +159,13 @@ def test_chunked_prefill_runs_beside_vllm_and_is_refused_beside_other_engines(tm
     monkeypatch.setenv("MINILLM_VLLM_PYTHON", str(_fake_python(tmp_path / "fake-python")))
     monkeypatch.setattr(bench, "vllm_model_dir", lambda dummy_weights=False: tmp_path / "model")
     out = tmp_path / "b.json"
-    assert bench.main(["--engine", "paged,vllm", "--enable-chunked-prefill", *TINY, "--json", str(out)]) == 0
+    assert compare.main(["--engine", "paged,vllm", "--enable-chunked-prefill", *TINY, "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["paged"]["enable_chunked_prefill"] is True and got["vllm"]["enable_chunked_prefill"] is True
     for engines in (["continuous", "vllm"], ["paged", "static"]):
         with pytest.raises(ValueError, match="run it with --engine paged"):
-            bench.check_chunked_prefill(engines, True)
-    bench.check_chunked_prefill(["continuous", "vllm"], False)
+            compare.check_chunked_prefill(engines, True)
+    compare.check_chunked_prefill(["continuous", "vllm"], False)
 
 
 def test_peer_replay_loop_with_a_fake_engine(capsys):
@@ -173,7 +173,7 @@ def test_peer_replay_loop_with_a_fake_engine(capsys):
     import importlib.util
     from types import SimpleNamespace as NS
 
-    spec = importlib.util.spec_from_file_location("vllm_peer", bench.VLLM_PEER)
+    spec = importlib.util.spec_from_file_location("vllm_peer", compare.VLLM_PEER)
     peer = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(peer)  # stdlib only at import: vllm is imported inside main()
 
@@ -216,7 +216,7 @@ def test_the_model_folder_for_vllm_is_written_once(tmp_path, monkeypatch):
     from minillm.config import ModelConfig
 
     monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
-    folder = bench.vllm_model_dir(dummy_weights=True)
+    folder = compare.vllm_model_dir(dummy_weights=True)
     assert folder.parent == tmp_path and (folder / "config.json").is_file()
     assert json.loads((folder / loader.FOLDER_MARK).read_text())["source"].startswith("minillm dummy weights")
     saved = load_file(str(folder / "model.safetensors"))
@@ -229,10 +229,10 @@ def test_the_model_folder_for_vllm_is_written_once(tmp_path, monkeypatch):
         raise AssertionError("the complete folder was written again")
 
     monkeypatch.setattr(loader, "hf_model_from_weights", must_not_write)
-    assert bench.vllm_model_dir(dummy_weights=True) == folder
+    assert compare.vllm_model_dir(dummy_weights=True) == folder
 
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     monkeypatch.setenv("MINILLM_CACHE", str(blocked / "cache"))
     with pytest.raises(OSError, match="MINILLM_CACHE"):
-        bench.vllm_model_dir(dummy_weights=True)
+        compare.vllm_model_dir(dummy_weights=True)

@@ -13,7 +13,7 @@ import torch
 from minillm import placement
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine import build_engine
-from minillm.lab.dtype_agreement import agreement
+from minillm.bench.dtype_agreement import agreement
 from minillm.sampling import SamplingParams
 
 TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minillm.lab import capstone
+from minillm.course import capstone
 
 pytestmark = pytest.mark.slow
 

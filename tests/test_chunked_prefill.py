@@ -348,7 +348,7 @@ def _step(k: int, end: float, new: list[int]):
 
 
 def test_decode_stall_steps_and_summary_fields():
-    from minillm.lab.summary import RunResult, decode_stall_steps, summarize
+    from minillm.bench.summary import RunResult, decode_stall_steps, summarize
     from minillm.request import RequestMetrics
 
     steps = [_step(k, float(k + 1), n) for k, n in enumerate([[5, 4], [1, 1], [30], [1, 1, 1], [1, 1, 1]])]
@@ -364,7 +364,7 @@ def test_decode_stall_steps_and_summary_fields():
 
 
 def test_long_prompt_arrival_workload():
-    from minillm.lab.workload import make_workload
+    from minillm.bench.workload import make_workload
 
     w = make_workload("long-prompt-arrival", 8, seed=0)
     assert w == make_workload("long-prompt-arrival", 8, seed=0), "same name and seed, same requests"
@@ -388,10 +388,10 @@ def test_long_prompt_arrival_workload():
     (["--engine", "paged", "--max-num-batched-tokens", "0"], "at least one token"),
 ])
 def test_bench_bad_chunked_settings(argv, needle, capsys):
-    from minillm.lab import bench
+    from minillm.bench import compare
 
     with pytest.raises(SystemExit) as e:
-        bench.main(["--workload", "long-prompt-arrival", "--num-requests", "4", "--dummy-weights", *argv])
+        compare.main(["--workload", "long-prompt-arrival", "--num-requests", "4", "--dummy-weights", *argv])
     assert e.value.code == 2 and needle in capsys.readouterr().err
 
 
@@ -400,16 +400,16 @@ def test_bench_cli_chunked_prefill_json(tmp_path):
     # Dummy weights (no tokenizer): a few tiny requests, just to check the flags and the JSON.
     import json
 
-    from minillm.lab import bench
+    from minillm.bench import compare
 
     common = ["--engine", "paged", "--workload", "long-prompt-arrival", "--num-requests", "3", "--dummy-weights",
               "--no-progress", "--max-num-seqs", "4", "--workload-param", "long_prompt=120",
               "--workload-param", "short_output=12", "--workload-param", "num_long=1",
               "--workload-param", "first_arrival_s=0.2"]
     with pytest.raises(SystemExit):  # the 120-token prompt does not fit a budget of 32 without chunking
-        bench.main(common + ["--max-num-batched-tokens", "32"])
+        compare.main(common + ["--max-num-batched-tokens", "32"])
     path = tmp_path / "on.json"
-    assert bench.main(common + ["--enable-chunked-prefill", "--max-num-batched-tokens", "32",
+    assert compare.main(common + ["--enable-chunked-prefill", "--max-num-batched-tokens", "32",
                                 "--json", str(path)]) == 0
     s = json.loads(path.read_text())
     assert s["enable_chunked_prefill"] is True and s["max_num_batched_tokens"] == 32

@@ -47,14 +47,14 @@ def test_system_without_chat_is_an_error():
 
 
 def _bench_fails_before_running(argv, monkeypatch, capsys):
-    from minillm.lab import bench
+    from minillm.bench import compare
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("the benchmark ran before its arguments were checked")
 
     monkeypatch.setattr(bench, "run_benchmark", must_not_run)
     with pytest.raises(SystemExit) as e:
-        bench.main(argv + ["--dummy-weights", "--num-requests", "2"])
+        compare.main(argv + ["--dummy-weights", "--num-requests", "2"])
     assert e.value.code == 2
     return capsys.readouterr().err
 

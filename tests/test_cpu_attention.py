@@ -1,4 +1,4 @@
-"""The CPU decode-attention kernel (minillm/kernels/cpu_attention.py) against its oracles.
+"""The CPU decode-attention kernel (minillm/kernels/cpu/attention.py) against its oracles.
 
 * every decode row equals attention over exactly its own keys (the per-row oracle of
   test_step_cost) and the torch backend, in float32 and bfloat16, for block sizes from 1 to
@@ -21,7 +21,7 @@ import torch
 from minillm import placement
 from minillm.attention import BACKENDS, AttentionMetadata, cpu_attention, torch_attention
 from minillm.config import EngineConfig
-from minillm.kernels import cpu_attention as kernel
+from minillm.kernels.cpu import attention as kernel
 from tests.test_step_cost import TINY, _meta, _per_row
 
 pytestmark = pytest.mark.skipif(kernel.compiler() is None, reason="no C++ compiler to build the CPU kernel")

@@ -1,4 +1,4 @@
-"""The cpu backend's layer ops (minillm/kernels/cpu_layer.py) against model.py's eager ops.
+"""The cpu backend's layer ops (minillm/kernels/cpu/layer_ops.py) against model.py's eager ops.
 
 * RoPE with the K/V write equals ``apply_rope`` + ``write_kv`` bit for bit (float32 and bfloat16);
 * the residual add is bit for bit; RMSNorm and silu(gate) * up equal model.py's within float
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from minillm import model as M
 from minillm.attention import write_kv
 from minillm.config import ModelConfig
-from minillm.kernels import cpu_attention as kernel
-from minillm.kernels import cpu_layer
+from minillm.kernels.cpu import attention as kernel
+from minillm.kernels.cpu import layer_ops
 from tests.test_step_cost import _meta
 
 pytestmark = pytest.mark.skipif(kernel.compiler() is None, reason="no C++ compiler to build the CPU kernels")

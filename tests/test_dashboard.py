@@ -1,4 +1,4 @@
-"""The live dashboard (minillm/lab/dashboard.py): it samples what really happened, draws
+"""The live dashboard (minillm/viz/dashboard.py): it samples what really happened, draws
 headless, redraws at >= 2 Hz, reads a server's /metrics, and costs the engine little.
 
 Fast tests run a tiny random-weight Llama; the overhead test runs the real SmolLM2
@@ -13,7 +13,7 @@ import pytest
 
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine import build_engine
-from minillm.lab.dashboard import (Dashboard, EngineSource, MetricsSource, Sample, headline, histogram_quantile,
+from minillm.viz.dashboard import (Dashboard, EngineSource, MetricsSource, Sample, headline, histogram_quantile,
                                    measure_overhead, parse_metrics, series)
 from minillm.sampling import SamplingParams
 
@@ -113,7 +113,7 @@ def _panel_data(rng, scale, lines=1):
     """Every panel with ``lines`` lines (odd panels) of 300 points over 70 s, values ~``scale``."""
     import numpy as np
 
-    from minillm.lab.dashboard import PANELS
+    from minillm.viz.dashboard import PANELS
 
     data = {}
     for i, name in enumerate(PANELS):
@@ -130,7 +130,7 @@ def test_live_lines_are_the_pixels_matplotlib_draws():
     the window, a one-point line (nothing to draw) and a long one (thinned)."""
     import numpy as np
 
-    from minillm.lab.dashboard import MAX_LINES, LivePanel
+    from minillm.viz.dashboard import MAX_LINES, LivePanel
 
     rng = np.random.default_rng(0)
     data = _panel_data(rng, 0.3, lines=3)
@@ -157,8 +157,8 @@ def test_a_growing_axis_repaints_what_a_full_draw_would():
     panel that copies the first one's strips."""
     import numpy as np
 
-    from minillm.lab import dashboard
-    from minillm.lab.dashboard import LivePanel
+    from minillm.viz import dashboard
+    from minillm.viz.dashboard import LivePanel
 
     # The second panel grows the same way: its unchanged-legend strips are the first one's, copied.
     dashboard._AXIS_STRIPS.clear()
@@ -312,8 +312,8 @@ def test_dashboard_costs_the_real_engine_little(tmp_path):
     and a thread that the OS preempts while it holds the GIL), so the throughput bound only
     catches a gross regression; the CPU the dashboard's thread used does not depend on
     that noise: <= 5% of one core."""
-    from minillm.lab.notebook import Lab
-    from minillm.lab.prompts import chat_prompts
+    from minillm.course.notebook import Lab
+    from minillm.bench.prompts import chat_prompts
 
     lab = Lab()
     eng = lab.engine("paged", max_num_seqs=8, max_model_len=512)
@@ -351,7 +351,7 @@ def test_metrics_source_follows_a_live_server():
     """A tiny Llama behind the real server, driven by the load generator; the dashboard
     scrapes /metrics meanwhile and ends with the counts the load generator saw."""
     from minillm.serving.async_llm import AsyncLLM
-    from minillm.serving.load import run_load
+    from minillm.bench.loadgen import run_load
     from minillm.serving.server import serve_in_background
 
     tiny = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32)

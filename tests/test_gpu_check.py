@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from minillm.lab import gpu_check
+from minillm.bench import gpu_check
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is what a CPU machine does")
 

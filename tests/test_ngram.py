@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.spec.ngram import NgramProposer
+from minillm.spec_decode.ngram import NgramProposer
 
 
 def test_copies_what_followed_the_suffix():

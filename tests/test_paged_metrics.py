@@ -1,6 +1,6 @@
 """The KV-memory numbers of the benchmark: kv_waste_fraction, max_concurrency, preemptions.
 
-Definitions (minillm/lab/summary.py):
+Definitions (minillm/bench/summary.py):
 
 * kv_waste_fraction: per step, (reserved - used) / reserved of the KV memory held by the
   requests holding KV space after the step; averaged over steps weighted by duration.
@@ -16,13 +16,13 @@ import json
 
 import pytest
 
-from minillm.lab import bench
+from minillm.bench import compare
 from minillm.config import EngineConfig, ModelConfig
 from minillm.scheduler import build_scheduler
 from minillm.metrics import StepRecord, record_step
-from minillm.lab.summary import RunResult, format_table, kv_waste_fraction, max_concurrency, summarize
+from minillm.bench.summary import RunResult, format_table, kv_waste_fraction, max_concurrency, summarize
 from minillm.request import Request, RequestMetrics
-from minillm.lab.workload import make_workload
+from minillm.bench.workload import make_workload
 
 PER_TOKEN = ModelConfig().kv_bytes_per_token(4)
 
@@ -130,12 +130,12 @@ def test_preemptions_are_counted_per_request_and_in_total(chat):
 
 
 def test_bench_parser_accepts_the_paged_options():
-    args = bench.build_parser().parse_args(
+    args = compare.build_parser().parse_args(
         ["--engine", "continuous,paged", "--block-size", "8", "--num-blocks", "64", "--attention-backend", "torch"])
     assert (args.block_size, args.num_blocks, args.attention_backend) == (8, 64, "torch")
-    assert bench.parse_engines(args.engine) == ["continuous", "paged"]
+    assert compare.parse_engines(args.engine) == ["continuous", "paged"]
     with pytest.raises(SystemExit):
-        bench.build_parser().parse_args(["--attention-backend", "cuda"])
+        compare.build_parser().parse_args(["--attention-backend", "cuda"])
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -144,7 +144,7 @@ def test_bench_parser_accepts_the_paged_options():
 ])
 def test_bench_rejects_bad_paged_options(flags, message, capsys):
     with pytest.raises(SystemExit) as e:
-        bench.main(["--engine", "paged", "--dummy-weights", "--num-requests", "2", *flags])
+        compare.main(["--engine", "paged", "--dummy-weights", "--num-requests", "2", *flags])
     assert e.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -152,8 +152,8 @@ def test_bench_rejects_bad_paged_options(flags, message, capsys):
 @pytest.mark.slow
 def test_bench_cli_paged_json(tmp_path):
     """The CLI end to end on dummy weights: both engines, the new fields, the same tokens."""
-    out = tmp_path / "bench.json"
-    rc = bench.main(["--engine", "continuous,paged", "--dummy-weights", "--workload", "uniform",
+    out = tmp_path / "compare.json"
+    rc = compare.main(["--engine", "continuous,paged", "--dummy-weights", "--workload", "uniform",
                      "--num-requests", "4", "--workload-param", "output_len=6", "--max-num-seqs", "2",
                      "--block-size", "8", "--no-progress", "--json", str(out)])
     assert rc == 0
@@ -177,10 +177,10 @@ def test_plot_block_tables_draws_every_block():
     import matplotlib
 
     matplotlib.use("Agg")
-    from minillm.lab import viz
+    from minillm.viz import charts
 
     tables = {"0": [3, 0, 5], "1": [1, 4]}
-    ax = viz.plot_block_tables(tables, num_blocks=8, block_size=4, num_tokens={"0": 10, "1": 5}, arrows=True)
+    ax = charts.plot_block_tables(tables, num_blocks=8, block_size=4, num_tokens={"0": 10, "1": 5}, arrows=True)
     labels = [t.get_text() for t in ax.texts]
     for b in range(8):
         assert labels.count(str(b)) == 1 + sum(t.count(b) for t in tables.values()), \

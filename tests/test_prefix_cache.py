@@ -603,7 +603,7 @@ def test_real_model_caching_with_speculative_decoding(real, shared_prompts_real,
 
 
 def test_shared_prefix_workload():
-    from minillm.lab.workload import make_workload
+    from minillm.bench.workload import make_workload
 
     w = make_workload("shared-prefix", 8, seed=0, system_len=64, question_len=6)
     first = w.requests[0].prompt_token_ids[:64]
@@ -612,7 +612,7 @@ def test_shared_prefix_workload():
 
 
 def test_multi_turn_workload_resends_the_history():
-    from minillm.lab.workload import make_workload
+    from minillm.bench.workload import make_workload
 
     w = make_workload("multi-turn", 9, seed=0, turns=3)
     p = [r.prompt_token_ids for r in w]  # 3 conversations x 3 turns, turn-major
@@ -624,7 +624,7 @@ def test_multi_turn_workload_resends_the_history():
 
 
 def test_mixed_priority_workload():
-    from minillm.lab.workload import make_workload
+    from minillm.bench.workload import make_workload
 
     w = make_workload("mixed-priority", 16, seed=1)
     classes = [r.priority for r in w]

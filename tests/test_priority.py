@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minillm.config import DEFAULT_QUEUE_TIMEOUTS, EngineConfig, check_queue_timeouts, queue_timeout
-from minillm.lab.summary import class_metrics
+from minillm.bench.summary import class_metrics
 from minillm.request import Request, RequestMetrics, RequestStatus
 from minillm.sampling import SamplingParams
 from minillm.scheduler import PagedScheduler, SchedulerOutput

@@ -5,7 +5,7 @@ import inspect
 
 import pytest
 
-from minillm.lab import quiz
+from minillm.course import quiz
 
 
 def test_every_chapter_has_three_to_five_questions():

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from minillm.sampling import SamplingParams, compute_probs, sample, sample_from_probs
-from minillm.lab import exactness as ex
-from minillm.spec.rejection_sampler import (
+from minillm.bench import exactness as ex
+from minillm.spec_decode.rejection_sampler import (
     acceptance_rate,
     draft_probs_from_logits,
     emit_tokens,

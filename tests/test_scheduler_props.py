@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minillm.metrics import record_step
-from minillm.lab.summary import slot_utilization
+from minillm.bench.summary import slot_utilization
 from minillm.request import Request
 from minillm.sampling import SamplingParams
 from minillm.scheduler import ContinuousScheduler, StaticScheduler

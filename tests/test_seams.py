@@ -61,7 +61,7 @@ def test_a_plugged_function_that_calls_the_library_gets_the_library():
         return s05.ngram_propose(tokens, n, k)
 
     with seams.plug(ngram_propose=mine):
-        from minillm.spec.ngram import NgramProposer
+        from minillm.spec_decode.ngram import NgramProposer
 
         assert NgramProposer(n_max=2, n_min=1, k=2).propose([1, 2, 3, 1, 2]) == [3, 1]
     assert seen and all(s is None for s in seen)

@@ -29,8 +29,8 @@ from minillm import SamplingParams, loader
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine import build_engine
 from minillm.sampling import exponential_race, noise_seed, position_noise, sample_at
-from minillm.lab import exactness as ex
-from minillm.spec.rejection_sampler import (
+from minillm.bench import exactness as ex
+from minillm.spec_decode.rejection_sampler import (
     acceptance_rate,
     coupled_acceptance_rate,
     coupled_verify,

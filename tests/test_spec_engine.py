@@ -17,8 +17,8 @@ from minillm.block_manager import BlockManager, blocks_needed
 from minillm.config import EngineConfig, ModelConfig, SpeculativeConfig
 from minillm.engine import build_engine
 from minillm.model import build_model
-from minillm.spec import policy
-from minillm.spec.drafters import build_drafter
+from minillm.spec_decode import policy
+from minillm.spec_decode.drafters import build_drafter
 
 TINY = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4, num_kv_heads=2,
                    head_dim=8, max_position_embeddings=256, eos_token_id=2)
@@ -424,15 +424,15 @@ def test_bench_cli_speculative_json(tmp_path):
     """--speculative / --num-speculative-tokens reach the paged engine; the JSON has the counters."""
     import json
 
-    from minillm.lab import bench
+    from minillm.bench import compare
 
     common = ["--engine", "paged", "--workload", "grounded", "--num-requests", "2", "--max-num-seqs", "1",
               "--no-progress", "--workload-param", "output_len=12"]
     for bad in (["--num-speculative-tokens", "17"], ["--engine", "continuous"]):
         with pytest.raises(SystemExit):  # k out of range; speculation outside the paged engine
-            bench.main(common + ["--speculative", "ngram"] + bad)
+            compare.main(common + ["--speculative", "ngram"] + bad)
     path = tmp_path / "spec.json"
-    assert bench.main(common + ["--speculative", "ngram", "--num-speculative-tokens", "3", "--json", str(path)]) == 0
+    assert compare.main(common + ["--speculative", "ngram", "--num-speculative-tokens", "3", "--json", str(path)]) == 0
     s = json.loads(path.read_text())
     assert s["speculative"]["method"] == "ngram" and s["speculative"]["num_speculative_tokens"] == 3
     for key in ("acceptance_rate", "mean_accepted_tokens", "tokens_per_target_forward", "target_forwards",
@@ -441,7 +441,7 @@ def test_bench_cli_speculative_json(tmp_path):
     assert s["target_forwards"] == s["forward_passes"] and s["draft_forwards"] == 0
     assert s["tokens_per_target_forward"] >= 1.0
     path = tmp_path / "model.json"
-    assert bench.main(common + ["--speculative", "model", "--draft-layers", "0-1", "--num-speculative-tokens", "2",
+    assert compare.main(common + ["--speculative", "model", "--draft-layers", "0-1", "--num-speculative-tokens", "2",
                                 "--json", str(path)]) == 0
     s = json.loads(path.read_text())
     assert s["speculative"]["draft_layers"] == [0, 1] and s["draft_forwards"] > 0

@@ -35,7 +35,7 @@ from minillm.config import EngineConfig
 from minillm.engine import build_engine
 from minillm.model_runner import prompt_logits
 from minillm.sampling import compute_probs, exponential_race
-from minillm.lab import exactness as ex
+from minillm.bench import exactness as ex
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ from minillm.config import SpeculativeConfig
 from minillm.request import Request
 from minillm.sampling import SamplingParams
 from minillm.scheduler.output import ScheduledRequest, SchedulerOutput
-from minillm.spec.drafters import NgramDrafter
-from minillm.spec.rejection_sampler import expected_num_emitted
-from minillm.spec.speculator import Speculator
+from minillm.spec_decode.drafters import NgramDrafter
+from minillm.spec_decode.rejection_sampler import expected_num_emitted
+from minillm.spec_decode.speculator import Speculator
 
 
 def simulated_stats(alpha: float, k: int, steps: int, seed: int = 0):

@@ -12,7 +12,7 @@ import pytest
 
 import minillm
 from minillm.scheduler import SCHEDULERS, ContinuousScheduler, PagedScheduler, Scheduler, StaticScheduler
-from minillm.spec.speculator import Speculator
+from minillm.spec_decode.speculator import Speculator
 
 PKG = Path(minillm.__file__).parent
 

@@ -84,9 +84,9 @@ def test_engine_fixed_count_and_auto():
 
 @pytest.mark.parametrize("command", ["bench", "profile_step"])
 def test_a_command_run_in_process_leaves_torch_threads_as_they_were(command, monkeypatch):
-    """``bench.main([... "--threads", "1"])`` in a notebook or a test sets torch's count for
+    """``compare.main([... "--threads", "1"])`` in a notebook or a test sets torch's count for
     the whole process while it runs; afterwards the process is on its own count again."""
-    from minillm.lab import bench, profile_step
+    from minillm.bench import compare, profile_step
 
     module, name = (bench, "run_benchmark") if command == "bench" else (profile_step, "profile_decode")
     real, seen = getattr(module, name), []

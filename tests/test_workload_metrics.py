@@ -10,12 +10,13 @@ import pytest
 
 matplotlib.use("Agg")
 
-from minillm.lab import bench, viz  # noqa: E402
-from minillm.lab.cost_model import CostModel, simulate  # noqa: E402
+from minillm.bench import compare
+from minillm.viz import charts  # noqa: E402
+from minillm.bench.cost_model import CostModel, simulate  # noqa: E402
 from minillm.metrics import StepRecord, slot_accounting
-from minillm.lab.summary import RunResult, format_table, percentiles, slot_utilization, summarize
+from minillm.bench.summary import RunResult, format_table, percentiles, slot_utilization, summarize
 from minillm.request import RequestMetrics  # noqa: E402
-from minillm.lab.workload import WORKLOADS, make_workload, workload_from_lengths  # noqa: E402
+from minillm.bench.workload import WORKLOADS, make_workload, workload_from_lengths  # noqa: E402
 
 # -- workloads ---------------------------------------------------------------------------
 
@@ -169,15 +170,15 @@ def test_simulate_bad_input():
 def test_charts_draw():
     w = workload_from_lengths([5, 9, 4], [3, 12, 2])
     runs = [simulate(w, "static", 2), simulate(w, "continuous", 2)]
-    lanes = viz.assign_lanes(runs[0].steps)
+    lanes = charts.assign_lanes(runs[0].steps)
     assert sorted(set(lanes.values())) == [0, 1]
     for r in runs:
-        viz.plot_timeline(r)
-        viz.plot_timeline(r, x="time")
-    viz.plot_utilization(runs)
-    viz.plot_kv_memory(runs)
-    viz.plot_latency_cdfs(runs)
-    viz.plot_throughput_vs_batch({"continuous": [(1, 10.0), (4, 30.0)]})
+        charts.plot_timeline(r)
+        charts.plot_timeline(r, x="time")
+    charts.plot_utilization(runs)
+    charts.plot_kv_memory(runs)
+    charts.plot_latency_cdfs(runs)
+    charts.plot_throughput_vs_batch({"continuous": [(1, 10.0), (4, 30.0)]})
     import matplotlib.pyplot as plt
     plt.close("all")
 
@@ -193,11 +194,11 @@ def test_timeline_lanes_show_held_slots():
 
 
 def test_parse_engines():
-    assert bench.parse_engines("all") == ["static", "continuous", "paged", "hf-generate", "hf-continuous"]
-    assert bench.parse_engines("continuous, static") == ["continuous", "static"]
-    assert bench.parse_engines("continuous,vllm") == ["continuous", "vllm"]  # a peer: named, never in 'all'
+    assert compare.parse_engines("all") == ["static", "continuous", "paged", "hf-generate", "hf-continuous"]
+    assert compare.parse_engines("continuous, static") == ["continuous", "static"]
+    assert compare.parse_engines("continuous,vllm") == ["continuous", "vllm"]  # a peer: named, never in 'all'
     with pytest.raises(ValueError, match="valid engines: static, continuous, paged, hf-generate, hf-continuous, vllm"):
-        bench.parse_engines("continuous,sglang")
+        compare.parse_engines("continuous,sglang")
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -211,14 +212,14 @@ def test_parse_engines():
 ])
 def test_bench_bad_arguments(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
-        bench.main(argv + ["--dummy-weights"])
+        compare.main(argv + ["--dummy-weights"])
     assert e.value.code == 2
     assert needle in capsys.readouterr().err
 
 
 def test_bench_help_names_the_prog(capsys):
     with pytest.raises(SystemExit):
-        bench.main(["--help"])
+        compare.main(["--help"])
     out = capsys.readouterr().out
     assert "python -m minillm bench" in out and "--max-num-batched-tokens" in out
 
@@ -232,7 +233,7 @@ def test_explorer_redraws_and_confirms():
         wl = make_workload("skewed", settings["num_requests"], settings["seed"], long_tokens=settings["long_tokens"])
         return simulate(wl, settings["engine"], settings["max_num_seqs"])
 
-    ui = viz.explorer(CostModel(), num_requests=8, confirm=confirm)
+    ui = charts.explorer(CostModel(), num_requests=8, confirm=confirm)
     controls = {w.description: w for box in ui.children[:2] for w in box.children}
     controls["max batch"].value = 4  # a slider move redraws from the cost model
     controls["engine"].value = "static"
@@ -268,7 +269,7 @@ def test_workload_params_are_checked_by_name(name, params, match):
 def test_workload_param_table_matches_the_length_functions():
     import inspect
 
-    from minillm.lab.workload import WORKLOAD_PARAMS
+    from minillm.bench.workload import WORKLOAD_PARAMS
 
     for name, fn in WORKLOADS.items():
         assert list(inspect.signature(fn).parameters)[2:] == list(WORKLOAD_PARAMS[name]), name

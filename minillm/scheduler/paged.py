@@ -67,7 +67,7 @@ from .. import seams
 from ..block_manager import blocks_needed, min_num_blocks
 from ..config import SCHEDULING_POLICIES, SpeculativeConfig, check_queue_timeouts, queue_timeout
 from ..request import Request, RequestStatus
-from ..spec import policy
+from ..spec_decode import policy
 from . import priority as prio
 from .base import Scheduler, SchedulerOutput
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import adapters
-from minillm.lab import quiz
+from minillm.course import quiz
 
 pytestmark = pytest.mark.exercises
 

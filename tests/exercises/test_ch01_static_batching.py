@@ -16,7 +16,7 @@ import torch
 import adapters
 from minillm.request import Request, RequestStatus
 from minillm.sampling import SamplingParams
-from minillm.lab import quiz
+from minillm.course import quiz
 
 pytestmark = pytest.mark.exercises
 

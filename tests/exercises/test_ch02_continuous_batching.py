@@ -10,7 +10,7 @@ from collections import deque
 import pytest
 
 import adapters
-from minillm.lab import quiz
+from minillm.course import quiz
 from minillm.request import Request, RequestStatus
 from minillm.sampling import SamplingParams
 
@@ -162,15 +162,15 @@ def test_continuous_beats_static_on_skewed_lengths():
 # dominates (batching pays), one where per-token work dominates.
 
 def _cost_models():
-    from minillm.lab.cost_model import CostModel
+    from minillm.bench.cost_model import CostModel
 
     return [CostModel(overhead=0.03, per_token=0.0006, per_context=0.0, per_padded_context=2e-5, per_sample=0.004),
             CostModel(overhead=0.002, per_token=0.004, per_context=1e-5, per_padded_context=0.0, per_sample=0.001)]
 
 
 def _simulated(prompt_lens, output_lens, B, engine, cost) -> float:
-    from minillm.lab.cost_model import simulate
-    from minillm.lab.workload import workload_from_lengths
+    from minillm.bench.cost_model import simulate
+    from minillm.bench.workload import workload_from_lengths
 
     wl = workload_from_lengths(prompt_lens, output_lens)
     res = simulate(wl, engine, max_num_seqs=B, max_num_batched_tokens=sum(prompt_lens) + B, cost=cost)

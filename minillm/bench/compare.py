@@ -1,0 +1,751 @@
+"""``python -m minillm bench``: one workload through several engines, side by side.
+
+    python -m minillm bench --engine continuous,static --workload skewed --num-requests 32 --seed 0 \\
+        --max-num-seqs 8 --json /tmp/bench.json
+
+Every engine runs in this one process, on the same requests (the same prompt token
+ids, the same ``max_tokens`` with EOS ignored, greedy), so they do identical work; the
+weights are loaded once. Engines:
+
+    static         minillm, request-level batching (groups of B, padded, barrel effect)
+    continuous     minillm, iteration-level scheduling, contiguous KV region per slot
+    paged          minillm, continuous batching over a paged KV cache (blocks of
+                   ``--block-size`` tokens, preemption by recompute when they run out)
+    hf-generate    transformers ``generate`` on left-padded groups of B
+    hf-continuous  transformers' continuous batching (``generate_batch``'s engine)
+    vllm           vLLM (optional, its own virtualenv: ``make peer-vllm``), in a subprocess
+
+``--engine all`` runs all of them but vllm; a comma list runs those, in that order.
+
+``--dtype`` (float32, bfloat16, float16; default: the device's, float32 on the CPU) is
+the dtype of every engine: minillm's, the transformers baselines' and vLLM's. Each result
+records it as ``dtype``.
+
+vLLM side by side (``--engine continuous,vllm``): vLLM pins its own torch and
+transformers, so it runs in another Python, found in this order: $MINILLM_VLLM_PYTHON,
+``.venv-vllm/bin/python`` at the repository root (what ``make peer-vllm`` builds), this
+Python if it can import vllm. ``minillm/bench/vllm_peer.py`` runs there on the same prompt
+token ids and sampling settings (greedy, ``max_tokens``, EOS ignored), with
+``max_num_seqs``, ``max_model_len``, the token budget and the dtype; it reads a
+Hugging Face model folder that bench writes once from the GGUF into $MINILLM_CACHE
+(default ~/.cache/minillm). Its per-token times are taken as each engine step returns,
+so TTFT / TPOT / ITL / E2E are measured as for the other engines; what vLLM does not
+expose here (per-step batches: forward passes, slot utilization, KV use per step) is
+null in the JSON and ``-`` in the table. vLLM's CPU threads and KV space are set through
+its environment (``VLLM_CPU_OMP_THREADS_BIND``, ``VLLM_CPU_KVCACHE_SPACE``), see
+``vllm_env``; the result records both.
+
+``--json PATH`` writes, for ONE engine, that engine's result object; for SEVERAL, an
+object keyed by engine name whose values are those result objects. Each result object
+has at least: engine, workload, num_requests, output_tokens, wall_s,
+output_tokens_per_s, forward_passes, slot_utilization, ttft_s / tpot_s / itl_s / e2e_s
+({p50, p95, p99}), kv_reserved_bytes (KV memory the engine allocated),
+kv_used_bytes_peak; plus the settings it ran with and ``same_tokens_as``, the fraction
+of requests whose tokens equal those of the first engine listed (below 1, with
+``first_difference``: per request, the index of the first token that differs, or null).
+
+KV memory (definitions in summary.py), in every minillm result: kv_waste_fraction
+(reserved-but-unused share of the KV the running requests hold, time-averaged),
+max_concurrency (the most requests running at once), preemptions, attention_backend.
+The paged engine's KV cache is ``--num-blocks`` blocks of ``--block-size`` tokens; by
+default the bytes the contiguous engine reserves, ``max_num_seqs x max_model_len``
+tokens, so the engines compare at equal memory; its result adds block_size, num_blocks.
+For more requests in the same bytes, give the paged engine more slots and the block
+count of the contiguous engine's bytes: for 32 chat requests (max_model_len 768) at
+``--max-num-seqs 8``, 8 x 768 / 16 = 384 blocks:
+
+    python -m minillm bench --engine paged --workload chat --max-num-seqs 32 --num-blocks 384
+
+Chunked prefill (paged engine only): ``--enable-chunked-prefill`` gives every running
+decode its token first, then fills what is left of ``--max-num-batched-tokens`` with
+prompt chunks; without it a step is all-prefill or all-decode. vLLM's scheduler always
+works this way, so ``--engine paged,vllm --enable-chunked-prefill`` compares one policy. Every result reports
+itl_s.max, max_step_tokens and decode_stall_steps (steps in which a running, decoding
+request produced no token). On ``long-prompt-arrival`` (requests decoding when long
+prompts arrive), compare
+
+    python -m minillm bench --engine paged --workload long-prompt-arrival --num-requests 8
+    python -m minillm bench --engine paged --workload long-prompt-arrival --num-requests 8 \\
+        --enable-chunked-prefill --max-num-batched-tokens 256
+
+Speculative decoding (paged engine only, chapter 5): ``--speculative ngram`` (prompt
+lookup) or ``--speculative model`` (a self-draft of ``--draft-layers``), k =
+``--num-speculative-tokens``; the result adds acceptance_rate, mean_accepted_tokens,
+tokens_per_target_forward, target_forwards, draft_forwards. Run the same command without
+``--speculative`` for the baseline, on ``grounded`` (answers that copy the prompt) or ``open``:
+
+    python -m minillm bench --engine paged --workload grounded --num-requests 9 --max-num-seqs 1 \\
+        --speculative ngram --num-speculative-tokens 4
+
+Many users (paged engine only, chapter 6): ``--enable-prefix-caching`` shares the KV
+blocks of equal prompt prefixes; every result reports prefill_tokens_requested,
+prefix_hit_tokens, prefill_tokens_computed, prefix_hit_rate and cached_blocks_peak.
+``--scheduling-policy priority`` admits by class (interactive > standard > batch) with
+per-class queue timeouts (``--queue-timeout interactive=0.05``, repeatable); every
+result has ``per_class``: TTFT and queue-wait percentiles, timeouts_hit and
+slo_attainment per class (a table is printed when the workload has several classes).
+Both targets of the chapter, side by side in one command:
+
+    python -m minillm.bench.many_users
+    python -m minillm bench --engine paged --workload shared-prefix --num-requests 32 --enable-prefix-caching
+    python -m minillm bench --engine paged --workload mixed-priority --num-requests 24 --scheduling-policy priority
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from minillm.config import ATTENTION_BACKENDS, ENGINES, EngineConfig
+from minillm.bench.summary import RunResult, format_class_table, format_table, summarize
+from minillm.bench.workload import WORKLOADS, Workload, make_workload
+from minillm.request import RequestMetrics
+from minillm.threads import keeps_torch_threads
+
+
+MINILLM_ENGINES = tuple(e for e in ENGINES if e != "simple")  # "simple" is continuous with one slot
+HF_ENGINES = ("hf-generate", "hf-continuous")
+PEER_ENGINES = ("vllm",)  # another project, in another Python: not part of 'all'
+BENCH_ENGINES = MINILLM_ENGINES + HF_ENGINES + PEER_ENGINES
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def parse_engines(spec: str) -> list[str]:
+    """``'all'`` (every engine but the vllm peer) or a comma list -> engine names, validated."""
+    names = ([e for e in BENCH_ENGINES if e not in PEER_ENGINES] if spec.strip() == "all"
+             else [s.strip() for s in spec.split(",") if s.strip()])
+    bad = [n for n in names if n not in BENCH_ENGINES]
+    if bad or not names:
+        raise ValueError(f"unknown engine {', '.join(bad) or repr(spec)}; valid engines: "
+                         f"{', '.join(BENCH_ENGINES)}, or 'all', or a comma list of them")
+    if len(set(names)) != len(names):
+        raise ValueError(f"engine listed twice in {spec!r}")
+    return names
+
+
+def _parse_value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def check_settings(max_num_seqs: int, max_num_batched_tokens: int | None, max_model_len: int | None,
+                   rate: float | None) -> None:
+    def positive(name, v):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+
+    positive("max_num_seqs", max_num_seqs)
+    if max_num_batched_tokens is not None:
+        positive("max_num_batched_tokens (the token budget: at least one token)", max_num_batched_tokens)
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is smaller than max_num_seqs="
+                             f"{max_num_seqs}: one step's decodes alone need {max_num_seqs} tokens")
+    if max_model_len is not None:
+        positive("max_model_len", max_model_len)
+    if rate is not None and (not math.isfinite(rate) or rate < 0):
+        raise ValueError(f"request rate must be >= 0 requests per second (0 = offline), got {rate!r}")
+
+
+def run_minillm(engine: str | EngineConfig, workload: Workload, weights, tokenizer, *,
+                progress: bool = False, **options: Any) -> RunResult:
+    """One minillm engine on ``workload``; arrivals are replayed in real time.
+
+    ``engine``: an ``EngineConfig``, or an engine name with ``options`` (EngineConfig fields).
+    """
+    from minillm.engine import build_engine
+    from minillm.sampling import SamplingParams
+
+    cfg = engine if isinstance(engine, EngineConfig) else EngineConfig(engine=engine, **options)
+    eng = build_engine(cfg, weights=weights, tokenizer=tokenizer)
+    # Warm up (first-call allocations), outside the measurement.
+    eng.run([eng.make_request([1, 2, 3, 4], SamplingParams(temperature=0.0, max_tokens=2), request_id="warmup")])
+    eng.step_records.clear()
+    if eng.speculator is not None:
+        eng.speculator.reset_stats()
+    start = time.perf_counter()
+    reqs = [eng.make_request(r.prompt_token_ids, r.sampling_params(), arrival_time=start + r.arrival_time,
+                             request_id=r.request_id) for r in workload]
+    outs = eng.run(reqs, use_tqdm=progress)
+    result = RunResult(cfg.engine, [r.metrics for r in reqs], [o.token_ids for o in outs], list(eng.step_records), start,
+                       max(r.metrics.finish_time for r in reqs), cfg.max_num_seqs, eng.resolved.kv_cache_bytes,
+                       [r.num_prompt_tokens for r in reqs])
+    result.extra.update(kv_extra(eng))
+    if eng.spec_stats is not None:  # acceptance_rate, mean_accepted_tokens, tokens_per_target_forward, ...
+        result.extra.update(eng.spec_stats.as_dict())
+    return result
+
+
+# -- vLLM, side by side (another Python, a subprocess) ------------------------------------
+
+VLLM_INSTALL_HINT = ("run `make peer-vllm` (a CPU build of vLLM in .venv-vllm, about 3.5 GB, 5 minutes) or set "
+                     "MINILLM_VLLM_PYTHON to a Python that can import vllm")
+VLLM_PEER = Path(__file__).with_name("vllm_peer.py")
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def _imports_vllm(python: str) -> bool:
+    """Whether ``python`` runs and finds the vllm package (found, not imported: that takes seconds)."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def find_vllm_python() -> str:
+    """A Python that can import vllm: $MINILLM_VLLM_PYTHON (when set, the only one tried), else
+    ``.venv-vllm/bin/python`` at the repository root, else this Python if it has vllm.
+
+    Raises ``VllmNotFound`` (one line: how to get one) when there is none."""
+    given = os.environ.get("MINILLM_VLLM_PYTHON")
+    if given:
+        if _imports_vllm(given):
+            return given
+        raise VllmNotFound(f"MINILLM_VLLM_PYTHON={given} cannot import vllm: point it at a Python that can, or "
+                           "unset it and run `make peer-vllm` (a CPU build of vLLM in .venv-vllm, about 3.5 GB)")
+    local = repo_root() / ".venv-vllm" / "bin" / "python"
+    if local.exists() and _imports_vllm(str(local)):
+        return str(local)
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    raise VllmNotFound(f"vLLM is not installed: {VLLM_INSTALL_HINT}")
+
+
+class VllmNotFound(RuntimeError):
+    """No Python that can import vllm: the message says how to get one."""
+
+
+class VllmFailed(RuntimeError):
+    """The vLLM run failed: the message ends with the last lines of its log."""
+
+
+def vllm_env(threads: int | None = None) -> dict[str, str]:
+    """The environment bench gives vLLM (for all but OMP_NUM_THREADS, a variable already set in ours wins):
+
+    * ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core runs in the runner's process,
+      as minillm's engine runs in bench's. By default vLLM starts an engine-core process
+      and (on the CPU) a worker process, and its auto binding keeps a core for the
+      scheduler: on a machine with few cores that extra process competes with the model.
+    * ``VLLM_CPU_OMP_THREADS_BIND=nobind`` and ``OMP_NUM_THREADS`` = minillm's torch threads
+      (``--threads``, else torch's count before the first engine ran): vLLM computes with
+      as many threads as minillm at most, unpinned like minillm's. (``auto``, vLLM's default, pins one thread per physical core
+      of a NUMA node and reserves one for the scheduler.)
+    * The KV cache is not set here (``VLLM_CPU_KVCACHE_SPACE``, GiB): the runner passes
+      ``kv_cache_memory_bytes``, the bytes of minillm's contiguous engine. Setting
+      ``VLLM_CPU_KVCACHE_SPACE`` overrides it.
+    * Offline (``HF_HUB_OFFLINE``), no usage reports, log level WARNING.
+    """
+    import torch
+
+    want = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {k: os.environ.get(k, v) for k, v in want.items()}
+    env["OMP_NUM_THREADS"] = str(threads or torch.get_num_threads())  # minillm's count (it read ours already)
+    return env
+
+
+VLLM_ENV_RECORDED = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS",
+                     "VLLM_CPU_KVCACHE_SPACE")
+
+
+def vllm_model_dir(dummy_weights: bool = False) -> Path:
+    """A Hugging Face model folder of the model (config, safetensors, tokenizer), for vLLM.
+
+    Written once by transformers' ``save_pretrained`` from the weights minillm loads from the
+    GGUF (and the GGUF's tokenizer) into $MINILLM_CACHE (default ~/.cache/minillm), named
+    after the GGUF file's contents (``loader.cache_key``); later runs reuse it. ``dummy_weights``: minillm's seeded
+    dummy weights, no tokenizer."""
+    from minillm import loader
+    from minillm.config import ModelConfig
+
+    if dummy_weights:
+        name = "hf-dummy-seed0"
+    else:
+        gguf = loader.find_gguf()
+        name = f"hf-{gguf.stem}-{loader.cache_key(gguf)}"
+    folder = loader.cache_dir() / name
+
+    def write(tmp: Path) -> None:
+        # minillm's own float32 weights under transformers' Llama names (a model transformers
+        # loads from the GGUF keeps a quantization tag and refuses save_pretrained).
+        if dummy_weights:
+            cfg = ModelConfig()
+            weights, tokenizer = loader.dummy_weights(cfg), None
+        else:
+            cfg = loader.read_config(gguf)
+            weights, tokenizer = loader.load_weights(gguf), loader.load_tokenizer(gguf)
+        print(f"writing a Hugging Face copy of the model for vLLM to {folder} (once)", file=sys.stderr)
+        loader.hf_model_from_weights(weights, cfg).save_pretrained(str(tmp))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+
+    source = "minillm dummy weights, seed 0" if dummy_weights else str(gguf)
+    if not loader.cached_folder(folder, write, source=source):
+        raise OSError(f"could not write the model folder for vLLM to {folder}: "
+                      "set MINILLM_CACHE to a writable folder")
+    return folder
+
+
+def run_vllm(workload: Workload, *, model_dir: str | os.PathLike, dtype: str, max_num_seqs: int,
+             max_model_len: int, max_num_batched_tokens: int, kv_cache_memory_bytes: int | None = None,
+             python: str | None = None, threads: int | None = None, enforce_eager: bool = False,
+             skip_tokenizer_init: bool = False, progress: bool = False) -> RunResult:
+    """``workload`` through vLLM, in the Python ``find_vllm_python`` finds, via ``vllm_peer.py``.
+
+    Per request: its tokens and the time of each (TTFT, TPOT, ITL, E2E as for every engine).
+    What vLLM does not report here (its per-step batches: forward passes, slot utilization,
+    KV use per step, preemptions) is None in the result, not estimated."""
+    import tempfile
+
+    python = python or find_vllm_python()
+    reqs = list(workload)
+    job = dict(model=str(model_dir), dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+               max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory_bytes=kv_cache_memory_bytes,
+               enforce_eager=enforce_eager, skip_tokenizer_init=skip_tokenizer_init, seed=0,
+               heartbeat_s=30.0 if progress else None,
+               requests=[dict(prompt_token_ids=list(r.prompt_token_ids), max_tokens=r.max_tokens,
+                              arrival_time=r.arrival_time) for r in reqs])
+    env = {**os.environ, **vllm_env(threads)}
+    with tempfile.TemporaryDirectory(prefix="minillm-vllm-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job_path.write_text(json.dumps(job))
+        if progress:
+            print(f"vllm: {python} {VLLM_PEER.name} ({len(reqs)} requests)", file=sys.stderr, flush=True)
+        proc = subprocess.Popen([python, str(VLLM_PEER), str(job_path), str(out_path)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp)
+        tail: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:  # vLLM's own log, passed on (to stderr: stdout is the table)
+            tail = (tail + [line.rstrip()])[-30:]
+            if progress:
+                print(line, end="", file=sys.stderr, flush=True)
+        rc = proc.wait()
+        if rc != 0 or not out_path.is_file():
+            raise VllmFailed(f"vLLM ({python}) failed with exit status {rc}; the end of its log:\n" + "\n".join(tail))
+        got = json.loads(out_path.read_text())
+    metrics, outputs = [], []
+    for r in got["requests"]:
+        t = [float(x) for x in r["token_times"]]
+        metrics.append(RequestMetrics(arrival_time=r["arrival_time"], first_token_time=t[0] if t else None,
+                                      token_times=t, finish_time=r["finish_time"]))
+        outputs.append([int(x) for x in r["token_ids"]])
+    if len(outputs) != len(reqs):
+        raise VllmFailed(f"vLLM returned {len(outputs)} results for {len(reqs)} requests")
+    kv = got.get("kv_cache_bytes")
+    unknown = dict.fromkeys(("forward_passes", "slot_utilization", "mean_running", "kv_reserved_bytes_peak",
+                             "kv_used_bytes_peak", "kv_waste_fraction", "max_concurrency", "preemptions",
+                             "max_step_tokens", "decode_stall_steps", "prefill_tokens_requested",
+                             "prefix_hit_tokens", "prefill_tokens_computed", "prefix_hit_rate",
+                             "cached_blocks_peak"))
+    extra = {**unknown, "kv_reserved_bytes": kv, "vllm_version": got.get("vllm_version"),
+             "vllm_python": python, "vllm_device": got.get("device"), "vllm_dtype": got.get("dtype"),
+             "vllm_num_blocks": got.get("num_blocks"), "block_size": got.get("block_size"),
+             "vllm_enable_chunked_prefill": got.get("enable_chunked_prefill"),
+             "vllm_async_scheduling": got.get("async_scheduling"), "vllm_enforce_eager": got.get("enforce_eager"),
+             "vllm_env": {k: env[k] for k in VLLM_ENV_RECORDED if k in env}}
+    return RunResult("vllm", metrics, outputs, [], got["start"], got["end"], max_num_seqs, kv or 0,
+                     [len(r.prompt_token_ids) for r in reqs], extra=extra)
+
+
+# -- the paged KV cache's options ---------------------------------------------------------
+
+def check_paged_settings(block_size: int, num_blocks: int | None, attention_backend: str | None) -> None:
+    """Fail before any weight loads: a power-of-two block size, num_blocks >= 1, a known backend."""
+    from minillm.config import ATTENTION_BACKENDS
+
+    if (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
+            or block_size & (block_size - 1)):
+        raise ValueError(f"block_size must be a power of two (8, 16, 32, ...), got {block_size!r}")
+    if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1):
+        raise ValueError(f"num_blocks must be an integer >= 1 (blocks of block_size tokens), got {num_blocks!r}")
+    if attention_backend is not None and attention_backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {attention_backend!r}")
+
+
+def paged_options(engine: str, block_size: int = 16, num_blocks: int | None = None,
+                  attention_backend: str | None = None) -> dict[str, Any]:
+    """EngineConfig options of a minillm engine: the attention backend for every engine, the
+    block size and count for the paged one (contiguous engines reserve max_model_len per slot)."""
+    opts: dict[str, Any] = {} if attention_backend is None else {"attention_backend": attention_backend}
+    if engine == "paged":
+        opts.update(block_size=block_size, num_blocks=num_blocks)
+    return opts
+
+
+def kv_extra(eng) -> dict[str, Any]:
+    """What a minillm run records about its KV cache: the attention backend; blocks if paged."""
+    rc = eng.resolved
+    out: dict[str, Any] = {"attention_backend": rc.placement.attention_backend}
+    if rc.engine == "paged":
+        out.update(block_size=rc.block_size, num_blocks=rc.num_blocks)
+    return out
+
+
+def check_chunked_prefill(engines: Sequence[str], enable_chunked_prefill: bool) -> None:
+    """The flag is the paged scheduler's policy; vLLM's scheduler always mixes prompt chunks into
+    decode steps, so ``--engine paged,vllm`` with it compares the same policy side by side."""
+    if enable_chunked_prefill and any(name not in ("paged", "vllm") for name in engines):
+        raise ValueError("--enable-chunked-prefill is a policy of the paged scheduler: run it with --engine paged "
+                         f"(or paged,vllm: vLLM always chunks), got {', '.join(engines)}")
+
+
+def check_paged_only(engines: Sequence[str], flag: str, on: bool) -> None:
+    """A paged-engine option (``flag``) given with an engine list that has another engine in it."""
+    if on and any(name != "paged" for name in engines):
+        raise ValueError(f"{flag} is an option of the paged engine: run it with --engine paged "
+                         f"(got {', '.join(engines)})")
+
+
+def check_speculative(engines: Sequence[str], speculative: dict | None) -> None:
+    """Validate the speculative option before any weight loads (it applies to the paged engine)."""
+    if speculative is None:
+        return
+    from minillm.config import SpeculativeConfig
+
+    SpeculativeConfig.from_dict(speculative)
+    if "paged" not in engines:
+        raise ValueError("--speculative runs in the paged engine: include paged in --engine "
+                         f"(got {', '.join(engines)})")
+
+
+def parse_layers(spec: str) -> list[int]:
+    """'0-7' or '0,2,4' or '0-11,18-29' -> layer indices."""
+    out: list[int] = []
+    try:
+        for part in spec.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+    except ValueError:
+        raise ValueError(f"--draft-layers wants indices and ranges like 0-7 or 0,2,4, got {spec!r}") from None
+    return out
+
+
+def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: int = 8,
+                  max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
+                  dummy_weights: bool = False, progress: bool = True,
+                  on_result: Callable[[RunResult], None] | None = None,
+                  block_size: int = 16, num_blocks: int | None = None,
+                  attention_backend: str | None = None, enable_chunked_prefill: bool = False,
+                  speculative: dict | None = None, enable_prefix_caching: bool = False,
+                  scheduling_policy: str = "fcfs", queue_timeouts: dict | None = None,
+                  dtype: str | None = None, threads: int | None = None,
+                  vllm_enforce_eager: bool = False, compile: bool = False) -> list[RunResult]:
+    """Run ``engines`` one after the other on ``workload`` in this process (vllm in a subprocess).
+
+    ``speculative`` (the ``LLM(speculative=...)`` dict), ``enable_prefix_caching`` and
+    ``scheduling_policy`` apply to the paged engine; ``queue_timeouts`` to every minillm
+    engine's per-class report. ``dtype`` (None: the device's) is every engine's dtype.
+    ``compile``: every minillm engine runs its steps as one compiled graph (``EngineConfig.compile``);
+    its warm-up request compiles it, outside the measurement."""
+    from minillm import loader
+
+    check_settings(max_num_seqs, max_num_batched_tokens, max_model_len, None)
+    check_paged_settings(block_size, num_blocks, attention_backend)
+    engines = parse_engines(",".join(engines))
+    check_chunked_prefill(engines, enable_chunked_prefill)
+    check_speculative(engines, speculative)
+    check_paged_only(engines, "--enable-prefix-caching", enable_prefix_caching)
+    check_paged_only(engines, "--scheduling-policy priority", scheduling_policy != "fcfs")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    vllm_python = find_vllm_python() if "vllm" in engines else None
+    if threads is None:  # vLLM's thread count: torch's now, before an engine's governor changes it
+        import torch
+        threads = torch.get_num_threads()
+    from minillm.config import ModelConfig
+
+    # Resolve every engine's configuration now: a bad option fails before any weight loads.
+    L = max_model_len or workload.default_max_model_len()
+    configs = {name: EngineConfig(engine=name, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                  max_model_len=L, dummy_weights=dummy_weights, dtype=dtype,
+                                  enable_chunked_prefill=enable_chunked_prefill and name == "paged",
+                                  speculative=speculative if name == "paged" else None,
+                                  enable_prefix_caching=enable_prefix_caching and name == "paged",
+                                  scheduling_policy=scheduling_policy if name == "paged" else "fcfs",
+                                  queue_timeouts=queue_timeouts, compile=compile,
+                                  **paged_options(name, block_size, num_blocks, attention_backend))
+               for name in MINILLM_ENGINES}
+    mcfg = ModelConfig()
+    for name in engines:
+        if name in configs:
+            configs[name].resolve(mcfg)
+    budget = configs["continuous"].resolve(mcfg).max_num_batched_tokens  # the baselines' budget, as minillm's
+    longest_prompt = max(len(r.prompt_token_ids) for r in workload)
+    if (longest_prompt > budget and not enable_chunked_prefill) or longest_prompt >= L:
+        raise ValueError(f"the workload's longest prompt has {longest_prompt} tokens: it needs "
+                         f"max_num_batched_tokens >= {longest_prompt} and max_model_len > {longest_prompt}")
+    weights = tokenizer = hf_model = None
+    results = []
+    for name in engines:
+        if name in MINILLM_ENGINES:
+            if weights is None:
+                if dummy_weights:
+                    weights = loader.dummy_weights(mcfg)
+                else:
+                    weights, tokenizer = loader.load_weights(), loader.load_tokenizer()
+            res = run_minillm(configs[name], workload, weights, tokenizer, progress=progress)
+            res.extra["dtype"] = _dtype_name(configs[name].resolve(mcfg).placement.dtype)
+        elif name == "vllm":
+            place = configs["continuous"].resolve(mcfg).placement
+            # The KV memory of minillm's contiguous engine: max_num_seqs regions of max_model_len tokens.
+            kv_bytes = max_num_seqs * L * mcfg.kv_bytes_per_token(place.dtype.itemsize)
+            res = run_vllm(workload, model_dir=vllm_model_dir(dummy_weights), dtype=_dtype_name(place.dtype),
+                           max_num_seqs=max_num_seqs, max_model_len=L, max_num_batched_tokens=budget,
+                           kv_cache_memory_bytes=kv_bytes, python=vllm_python, threads=threads,
+                           enforce_eager=vllm_enforce_eager, skip_tokenizer_init=dummy_weights, progress=progress)
+            res.extra["dtype"] = res.extra["vllm_dtype"] or _dtype_name(place.dtype)
+        else:
+            from minillm.bench import hf_baselines
+            if hf_model is None:
+                if dummy_weights:
+                    hf_model = loader.hf_model_from_weights(weights or loader.dummy_weights(mcfg), mcfg)
+                else:
+                    hf_model = loader.load_hf_model()
+                # A fair baseline runs where minillm runs and in its dtype (bf16 on a GPU):
+                # the placement minillm resolved, not transformers' CPU/fp32 default.
+                place = configs["continuous"].resolve(mcfg).placement
+                hf_model = hf_model.to(device=place.device, dtype=place.dtype)
+            pad = hf_model.config.eos_token_id if hf_model.config.pad_token_id is None else hf_model.config.pad_token_id
+            pad = pad[0] if isinstance(pad, list) else pad
+            if name == "hf-generate":
+                res = hf_baselines.run_hf_generate(hf_model, workload, max_num_seqs, pad, progress=progress)
+            else:
+                res = hf_baselines.run_hf_continuous(hf_model, workload, max_num_seqs, budget, L, pad,
+                                                     progress=progress)
+            res.extra["dtype"] = _dtype_name(hf_model.dtype)
+        res.extra.update(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=L,
+                         enable_chunked_prefill=enable_chunked_prefill)
+        if name == "vllm":  # what vLLM ran with (its V1 scheduler chunks long prompts by default)
+            res.extra["enable_chunked_prefill"] = res.extra.pop("vllm_enable_chunked_prefill")
+        if name in configs:
+            cfg = configs[name]
+            res.extra.update(enable_prefix_caching=cfg.enable_prefix_caching,
+                             scheduling_policy=cfg.scheduling_policy, queue_timeouts=dict(cfg.queue_timeouts),
+                             compile=cfg.compile)
+        results.append(res)
+        if on_result:
+            on_result(res)
+    return results
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def same_tokens(results: Sequence[RunResult]) -> list[float]:
+    """For each run, the fraction of requests whose tokens equal the first run's."""
+    ref = results[0].output_token_ids
+    return [sum(a == b for a, b in zip(ref, r.output_token_ids)) / len(ref) for r in results]
+
+
+def first_differences(ref: Sequence[Sequence[int]], got: Sequence[Sequence[int]]) -> list[int | None]:
+    """Per request, the index of the first output token that differs from ``ref`` (None: equal).
+
+    Greedy runs in a low-precision dtype part where two tokens are nearly tied; how late
+    they part says more than whether they do."""
+    out: list[int | None] = []
+    for a, b in zip(ref, got):
+        if list(a) == list(b):
+            out.append(None)
+        else:
+            out.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m minillm bench",
+        description="Run one seeded workload through several engines side by side and compare "
+                    "throughput, latency, slot utilization and KV memory.")
+    p.add_argument("--engine", default="continuous",
+                   help=f"one of {', '.join(BENCH_ENGINES)}; 'all'; or a comma list (default: continuous)")
+    p.add_argument("--workload", default="skewed", choices=list(WORKLOADS), help="length mix (default: skewed)")
+    p.add_argument("--num-requests", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=8, help="B: batch slots (default 8)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget per step (default: max_model_len)")
+    p.add_argument("--enable-chunked-prefill", action="store_true",
+                   help="paged engine: decodes first, then prompt chunks within the token budget "
+                        "(default: a step is all-prefill or all-decode; vLLM always chunks)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="KV region per slot (default: longest request rounded up to 256)")
+    p.add_argument("--request-rate", type=float, default=0.0,
+                   help="Poisson arrivals at this many requests/s; 0 = offline, all at t=0 (default)")
+    p.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="tune the length mix, e.g. long_tokens=400 (repeatable)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads, vLLM's too (default: torch's choice)")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None,
+                   help="dtype of every engine, minillm, transformers and vLLM (default: the device's, "
+                        "float32 on the CPU, bfloat16 on CUDA)")
+    p.add_argument("--dummy-weights", action="store_true", help="seeded random weights with the real config")
+    p.add_argument("--compile", action="store_true",
+                   help="minillm engines run each step as one graph compiled by torch.compile (CPU, torch attention); "
+                        "compiling takes about a minute, before the measurement")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g = p.add_argument_group("paged KV cache")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block of the paged engine (default 16)")
+    g.add_argument("--num-blocks", type=int, default=None,
+                    help="KV blocks of the paged engine (default: the contiguous engine's bytes, "
+                         "max_num_seqs x max_model_len tokens)")
+    g.add_argument("--attention-backend", choices=list(ATTENTION_BACKENDS), default=None,
+                    help="attention of the minillm engines (default: triton on CUDA; on the CPU cpu, or torch "
+                         "where no C++ compiler is installed)")
+    s = p.add_argument_group("speculative decoding (paged engine)")
+    s.add_argument("--speculative", choices=["ngram", "model"], default=None,
+                   help="drafter: prompt lookup, or a self-draft made of --draft-layers of the model")
+    s.add_argument("--num-speculative-tokens", type=int, default=4, help="k, tokens drafted per step (default 4)")
+    s.add_argument("--draft-layers", default="0-7", help="layers of the model drafter (default 0-7)")
+    s.add_argument("--spec-disable-by-batch-size", type=int, default=4,
+                   help="speculate only while fewer requests run (default 4; 0 = always)")
+    c = p.add_argument_group("many users (paged engine, chapter 6)")
+    c.add_argument("--enable-prefix-caching", action="store_true",
+                   help="share the KV blocks of equal prompt prefixes (hash-chained full blocks, LRU eviction)")
+    c.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
+                   help="fcfs (default) or priority: classes interactive > standard > batch, queue timeouts")
+    c.add_argument("--queue-timeout", action="append", default=[], metavar="CLASS=SECONDS",
+                   help="queue timeout of a priority class, e.g. interactive=0.05 (repeatable; "
+                        "defaults 0.05 / 0.2 / 1.0 s)")
+    v = p.add_argument_group("vLLM side by side (--engine ...,vllm; make peer-vllm)")
+    v.add_argument("--vllm-enforce-eager", action="store_true",
+                   help="run vLLM without torch.compile (its default compiles the model first: minutes on "
+                        "a small CPU, not part of the measured time)")
+    return p
+
+
+@keeps_torch_threads()
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.json:  # written after the whole benchmark: check now that it can be, not minutes later
+            import os
+            from pathlib import Path
+
+            out = Path(args.json)
+            if out.is_dir():
+                raise ValueError(f"--json {args.json} is a directory: give a file path, e.g. {out / 'bench.json'}")
+            if not out.parent.is_dir():
+                raise ValueError(f"--json {args.json}: directory {out.parent} does not exist; create it or give "
+                                 f"another path")
+            if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+                raise ValueError(f"--json {args.json} is not writable: give another path")
+        engines = parse_engines(args.engine)
+        check_settings(args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len, args.request_rate)
+        check_paged_settings(args.block_size, args.num_blocks, args.attention_backend)
+        check_chunked_prefill(engines, args.enable_chunked_prefill)
+        speculative = None
+        if args.speculative:
+            speculative = dict(method=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
+                               disable_by_batch_size=args.spec_disable_by_batch_size or None)
+            if args.speculative == "model":
+                speculative["draft_layers"] = parse_layers(args.draft_layers)
+        check_speculative(engines, speculative)
+        check_paged_only(engines, "--enable-prefix-caching", args.enable_prefix_caching)
+        check_paged_only(engines, "--scheduling-policy priority", args.scheduling_policy != "fcfs")
+        if args.dtype is not None or args.attention_backend is not None:
+            from minillm import placement  # e.g. bfloat16 with the Triton backend on the CPU: rejected
+            placement.resolve(None, args.dtype, args.attention_backend)
+        if "vllm" in engines:
+            try:
+                find_vllm_python()
+            except VllmNotFound as e:  # one line, how to get it; no usage text
+                print(f"error: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
+        timeouts = {}
+        for kv in args.queue_timeout:
+            if "=" not in kv:
+                raise ValueError(f"--queue-timeout wants CLASS=SECONDS, e.g. interactive=0.05, got {kv!r}")
+            k, v = kv.split("=", 1)
+            try:
+                timeouts[k.strip()] = float(v)
+            except ValueError:
+                raise ValueError(f"--queue-timeout {kv}: {v!r} is not a number of seconds") from None
+        from minillm.config import check_queue_timeouts
+        timeouts = check_queue_timeouts(timeouts)
+        params = {}
+        for kv in args.workload_param:
+            if "=" not in kv:
+                raise ValueError(f"--workload-param wants KEY=VALUE, got {kv!r}")
+            k, v = kv.split("=", 1)
+            params[k.strip()] = _parse_value(v.strip())
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ValueError(f"threads must be an integer >= 1, got {args.threads}")
+            import torch
+            torch.set_num_threads(args.threads)
+        tokenizer = None
+        if not args.dummy_weights:
+            from minillm import loader
+            tokenizer = loader.load_tokenizer()
+        workload = make_workload(args.workload, args.num_requests, args.seed, tokenizer,
+                                 arrival="poisson" if args.request_rate else "offline",
+                                 rate=args.request_rate or None, **params)
+    except ValueError as e:
+        parser.error(str(e))  # exits with status 2 and the usage line
+    print(workload.describe(), file=sys.stderr)
+    context = dict(workload=args.workload, seed=args.seed, arrival=workload.arrival, request_rate=workload.rate,
+                   workload_params=params, speculative=speculative)
+    summaries: list[dict[str, Any]] = []
+
+    def report(res: RunResult) -> None:
+        s = summarize(res, **context)
+        summaries.append(s)
+        print(f"{res.engine}: {s['output_tokens_per_s']:.1f} output tok/s, wall {s['wall_s']:.1f} s",
+              file=sys.stderr, flush=True)
+
+    try:
+        results = run_benchmark(engines, workload, max_num_seqs=args.max_num_seqs,
+                                max_num_batched_tokens=args.max_num_batched_tokens,
+                                max_model_len=args.max_model_len, dummy_weights=args.dummy_weights,
+                                progress=not args.no_progress, on_result=report,
+                                block_size=args.block_size, num_blocks=args.num_blocks,
+                                attention_backend=args.attention_backend,
+                                enable_chunked_prefill=args.enable_chunked_prefill, speculative=speculative,
+                                enable_prefix_caching=args.enable_prefix_caching,
+                                scheduling_policy=args.scheduling_policy, queue_timeouts=timeouts,
+                                dtype=args.dtype, threads=args.threads,
+                                vllm_enforce_eager=args.vllm_enforce_eager, compile=args.compile)
+    except ValueError as e:
+        parser.error(str(e))
+    except VllmFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for s, frac, res in zip(summaries, same_tokens(results), results):
+        s["same_tokens_as"] = {"engine": results[0].engine, "fraction": frac}
+        if frac < 1.0:
+            s["same_tokens_as"]["first_difference"] = first_differences(results[0].output_token_ids,
+                                                                        res.output_token_ids)
+    import torch
+    for s in summaries:
+        s["torch_threads"] = torch.get_num_threads()
+    print(format_table(summaries))
+    if any(len(s["per_class"]) > 1 for s in summaries):
+        print(format_class_table(summaries))
+    if args.json:
+        payload = summaries[0] if len(summaries) == 1 else {s["engine"]: s for s in summaries}
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+__all__ = ["main", "run_benchmark", "run_minillm", "parse_engines", "BENCH_ENGINES", "check_paged_settings",
+           "paged_options"]

@@ -1,0 +1,524 @@
+"""An open-loop load generator that speaks only the OpenAI API.
+
+    python -m minillm load --url http://127.0.0.1:8000 --rate 2 --num-requests 40
+    python -m minillm load --url http://127.0.0.1:8000 --sweep 0.5,1,2,4 --json sweep.json
+    python -m minillm load --url http://127.0.0.1:8000 --trace trace.jsonl
+
+Open loop: request i is sent at its arrival time whether or not the earlier ones have
+finished, as independent users would send them. (A closed loop, N clients that each wait
+for their answer, slows its own arrivals down when the server saturates, and so hides the
+queueing it should measure.) Poisson arrivals at ``rate`` requests/s have exponential
+gaps with mean 1/rate.
+
+Every request streams (``stream: true``) and asks for exactly ``max_tokens`` tokens
+(``ignore_eos: true``, an extension vLLM's and minillm's servers accept;
+``--no-ignore-eos`` leaves it out for servers that do not), so every run does the same
+work. Measured on the client, per request:
+
+    TTFT   send -> first streamed token chunk        (queueing + prefill + transport)
+    ITL    gaps between consecutive token chunks     (one chunk may carry several tokens
+                                                      with speculative decoding)
+    TPOT   (last chunk - first chunk) / (output tokens - 1)
+    E2E    send -> end of the stream
+
+Goodput: requests per second that finished *and* met the SLO (TTFT <= slo_ttft and
+TPOT <= slo_tpot), the number a service is paid for (DistServe, Zhong et al. 2024).
+Throughput counts every finished request, however late.
+
+It imports nothing from the engine: the same command measures any OpenAI-compatible
+server. Trace files are JSON lines, one request each:
+
+    {"arrival": 0.0, "prompt": "Explain how a rainbow forms.", "output_tokens": 64}
+    {"arrival": 0.4, "prompt_tokens": 300, "output_tokens": 20}
+
+(``arrival`` in seconds from the start; ``prompt`` text, or ``prompt_tokens``: a prompt of
+that many token ids, which the OpenAI API accepts as a list; ``output_tokens``, or
+``max_tokens``.)
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+DEFAULT_PROMPTS = [  # as minillm/bench/workload.py's PROMPTS: short instructions
+    "Explain how a rainbow forms.",
+    "Write a short poem about the sea.",
+    "What are three tips for learning a new language?",
+    "Describe the water cycle to a ten-year-old.",
+    "Give me a recipe for a simple tomato soup.",
+    "Why is the sky blue during the day?",
+    "Summarize the plot of a detective story in a few sentences.",
+    "List some good habits for staying healthy.",
+    "How does a bicycle stay upright when it moves?",
+    "Tell me a story about a robot who learns to paint.",
+    "What is the difference between weather and climate?",
+    "Write a friendly email inviting a colleague to lunch.",
+]
+
+
+@dataclass(slots=True)
+class LoadRequest:
+    """One request of a run: a prompt (text or token ids), exact output length, arrival offset (s)."""
+
+    prompt: str | list[int]
+    output_tokens: int
+    arrival: float = 0.0
+
+
+# -- arrivals and requests ---------------------------------------------------------------------
+
+def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
+    """``n`` arrival times (seconds from 0, the first at 0) of a Poisson process at ``rate`` per second."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0 or not math.isfinite(rate):
+        raise ValueError(f"rate must be a finite number > 0 requests per second, got {rate!r}")
+    _check_count("n", n)
+    rng = random.Random(f"poisson:{seed}")
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def make_requests(num_requests: int, output_tokens: int | Sequence[int] | None = None,
+                  prompts: Sequence[str] | str | None = None, seed: int = 0) -> list[LoadRequest]:
+    """``num_requests`` requests (arrival 0; set arrivals separately).
+
+    ``prompts``: None (short instructions), a list of prompts (cycled), or the name of a
+    workload of ``minillm/bench/workload.py`` (``uniform``, ``chat``, ``skewed``...): its
+    prompt and output lengths, decoded to text with SmolLM2's tokenizer (this one case
+    needs minillm's model package). ``output_tokens``: one length for all, or one per
+    request; None: the workload's lengths, or 32.
+    """
+    _check_count("num_requests", num_requests)
+    if isinstance(prompts, str):
+        return _workload_requests(prompts, num_requests, seed, output_tokens)
+    pool = list(DEFAULT_PROMPTS if prompts is None else prompts)
+    if not pool or any(not (isinstance(p, str) and p) and not _is_ids(p) for p in pool):
+        raise ValueError("prompts must be a non-empty list of non-empty strings (or token-id lists)")
+    rng = random.Random(f"prompts:{seed}")
+    order = [pool[i % len(pool)] for i in range(num_requests)]
+    rng.shuffle(order)
+    return [LoadRequest(p, o) for p, o in zip(order, _lengths(32 if output_tokens is None else output_tokens,
+                                                               num_requests))]
+
+
+def _workload_requests(name: str, n: int, seed: int, output_tokens: Any) -> list[LoadRequest]:
+    from minillm.bench.workload import make_workload
+    from minillm.loader import load_tokenizer
+
+    tok = load_tokenizer(None)
+    wl = make_workload(name, n, seed=seed, tokenizer=tok)
+    outs = [r.max_tokens for r in wl.requests] if output_tokens is None else _lengths(output_tokens, n)
+    return [LoadRequest(tok.decode(r.prompt_token_ids, skip_special_tokens=False), o)
+            for r, o in zip(wl.requests, outs)]
+
+
+def load_trace(path: str | Path, seed: int = 0) -> list[LoadRequest]:
+    """Read a JSON-lines trace (see the module docstring); requests sorted by arrival."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"trace file {str(path)!r} does not exist")
+    rng = random.Random(f"trace:{seed}")
+    reqs = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not valid JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: each line must be a JSON object")
+        arrival = d.get("arrival", d.get("timestamp"))
+        if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or arrival < 0:
+            raise ValueError(f"{where}: 'arrival' must be a number of seconds >= 0, got {arrival!r}")
+        out = d.get("output_tokens", d.get("max_tokens"))
+        if isinstance(out, bool) or not isinstance(out, int) or out < 1:
+            raise ValueError(f"{where}: 'output_tokens' must be an integer >= 1, got {out!r}")
+        if "prompt" in d:
+            prompt = d["prompt"]
+            if not (isinstance(prompt, str) and prompt) and not _is_ids(prompt):
+                raise ValueError(f"{where}: 'prompt' must be non-empty text or a list of token ids")
+        elif "prompt_tokens" in d:
+            n = d["prompt_tokens"]
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"{where}: 'prompt_tokens' must be an integer >= 1, got {n!r}")
+            # Ids common to most vocabularies (>= 32k entries) and past the special tokens.
+            prompt = [rng.randrange(1000, 30000) for _ in range(n)]
+        else:
+            raise ValueError(f"{where}: give 'prompt' (text) or 'prompt_tokens' (a count)")
+        reqs.append(LoadRequest(prompt, out, float(arrival)))
+    if not reqs:
+        raise ValueError(f"trace file {str(path)!r} has no requests")
+    return sorted(reqs, key=lambda r: r.arrival)
+
+
+def _is_ids(p: Any) -> bool:
+    return isinstance(p, list) and bool(p) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                   for t in p)
+
+
+def _lengths(output_tokens: Any, n: int) -> list[int]:
+    if isinstance(output_tokens, int) and not isinstance(output_tokens, bool):
+        outs = [output_tokens] * n
+    else:
+        outs = list(output_tokens)
+        if len(outs) != n:
+            raise ValueError(f"got {len(outs)} output lengths for {n} requests")
+    if any(isinstance(o, bool) or not isinstance(o, int) or o < 1 for o in outs):
+        raise ValueError(f"output_tokens must be integers >= 1, got {output_tokens!r}")
+    return outs
+
+
+def _check_count(name: str, n: Any) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {n!r}")
+
+
+# -- statistics ---------------------------------------------------------------------------------
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100), linear between order statistics (numpy's default); None if empty."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def meets_slo(record: dict, slo_ttft: float, slo_tpot: float) -> bool:
+    """Finished, first token within slo_ttft, and (with more than one token) tokens every slo_tpot on average."""
+    if not record["ok"] or record["ttft"] is None or record["ttft"] > slo_ttft:
+        return False
+    return record["tpot"] is None or record["tpot"] <= slo_tpot
+
+
+def goodput(records: Sequence[dict], slo_ttft: float = 1.0, slo_tpot: float = 0.2,
+            duration: float | None = None) -> float:
+    """Requests per second that met the SLO. ``duration`` defaults to the span of the run:
+    from the first arrival to the last request's end."""
+    good = sum(meets_slo(r, slo_ttft, slo_tpot) for r in records)
+    if duration is None:
+        duration = _span(records)
+    return good / duration if duration and duration > 0 else 0.0
+
+
+def _span(records: Sequence[dict]) -> float:
+    ends = [r["arrival"] + r["lag"] + r["e2e"] for r in records if r.get("e2e") is not None]
+    starts = [r["arrival"] for r in records]
+    return (max(ends) - min(starts)) if ends else 0.0
+
+
+@dataclass
+class LoadResult:
+    """One run: per-request ``records`` and the settings; ``summary()`` turns them into numbers."""
+
+    url: str
+    rate: float | None  # offered request rate; None for a trace, inf for a burst
+    records: list[dict]
+    duration: float  # seconds from the first arrival to the last request's end
+    slo_ttft: float = 1.0
+    slo_tpot: float = 0.2
+    model: str | None = None
+    label: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        ok = [r for r in self.records if r["ok"]]
+        d = self.duration
+        out: dict[str, Any] = {
+            "label": self.label, "rate": self.rate, "num_requests": len(self.records), "num_ok": len(ok),
+            "num_failed": len(self.records) - len(ok), "duration_s": d,
+            "throughput_req_s": len(ok) / d if d > 0 else 0.0,
+            "throughput_tok_s": sum(r["output_tokens"] for r in ok) / d if d > 0 else 0.0,
+            "goodput": goodput(self.records, self.slo_ttft, self.slo_tpot, d),
+            "slo_attainment": (sum(meets_slo(r, self.slo_ttft, self.slo_tpot) for r in self.records)
+                               / len(self.records)) if self.records else 0.0,
+            "slo_ttft": self.slo_ttft, "slo_tpot": self.slo_tpot,
+            "client_lag_max": max((r["lag"] for r in self.records), default=0.0),
+        }
+        series = {"ttft": [r["ttft"] for r in ok if r["ttft"] is not None],
+                  "tpot": [r["tpot"] for r in ok if r["tpot"] is not None],
+                  "itl": [x for r in ok for x in r["itls"]],
+                  "e2e": [r["e2e"] for r in ok if r["e2e"] is not None]}
+        for name, xs in series.items():
+            out[f"{name}_mean"] = sum(xs) / len(xs) if xs else None
+            for q in (50, 95, 99):
+                out[f"{name}_p{q}"] = percentile(xs, q)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "model": self.model, "summary": _finite(self.summary()),
+                "records": [_finite(r) for r in self.records], "errors": self.errors}
+
+
+def _finite(d: dict) -> dict:
+    """JSON has no infinity: an unbounded rate is written as null."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+# -- running ------------------------------------------------------------------------------------
+
+async def _one(client: Any, url: str, model: str, req: LoadRequest, index: int, t0: float,
+               ignore_eos: bool, temperature: float) -> dict:
+    body: dict[str, Any] = {"model": model, "prompt": req.prompt, "max_tokens": req.output_tokens,
+                            "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True
+    rec: dict[str, Any] = {"index": index, "arrival": req.arrival, "lag": 0.0, "ttft": None, "tpot": None,
+                           "itls": [], "e2e": None, "output_tokens": 0, "prompt_tokens": None,
+                           "requested_tokens": req.output_tokens, "ok": False, "error": None, "finish_reason": None}
+    delay = t0 + req.arrival - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    sent = time.perf_counter()
+    rec["lag"] = sent - (t0 + req.arrival)  # how late the client sent it (should stay ~0)
+    times: list[float] = []
+    usage = None
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode(errors="replace")
+                try:
+                    text = json.loads(text)["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    pass
+                rec["error"] = f"HTTP {r.status_code}: {text[:300]}"
+                return rec
+            done = False
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(data)
+                if chunk.get("choices"):
+                    # One chunk per arrival of tokens (its text may be empty: a detokenizer
+                    # holds back an unfinished character).
+                    times.append(time.perf_counter())
+                    if chunk["choices"][0].get("finish_reason"):
+                        rec["finish_reason"] = chunk["choices"][0]["finish_reason"]
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+            end = time.perf_counter()
+    except Exception as e:  # noqa: BLE001 -- a failed request is a record, not a crash of the run
+        rec["error"] = f"{type(e).__name__}: {e}"
+        return rec
+    if not done or not times:
+        rec["error"] = "the stream ended without [DONE]" if not done else "no tokens were streamed"
+        return rec
+    n = usage["completion_tokens"] if usage else len(times)
+    rec.update(ok=True, ttft=times[0] - sent, e2e=end - sent, output_tokens=n,
+               itls=[b - a for a, b in zip(times, times[1:])],
+               tpot=(times[-1] - times[0]) / (n - 1) if n > 1 else None,
+               prompt_tokens=usage["prompt_tokens"] if usage else None)
+    return rec
+
+
+async def run_load_async(url: str, requests: Sequence[LoadRequest], arrivals: Sequence[float] | None = None, *,
+                         model: str | None = None, slo_ttft: float = 1.0, slo_tpot: float = 0.2,
+                         rate: float | None = None, ignore_eos: bool = True, temperature: float = 0.0,
+                         timeout: float = 600.0, label: str | None = None) -> LoadResult:
+    """Send ``requests`` at ``arrivals`` (seconds from now; default: each request's own
+    ``arrival``), stream them all, and collect one record per request."""
+    import httpx
+
+    url = url.rstrip("/")
+    if url.endswith("/v1"):
+        url = url[:-3]
+    requests = list(requests)
+    if not requests:
+        raise ValueError("no requests to send")
+    if arrivals is not None:
+        arrivals = list(arrivals)
+        if len(arrivals) != len(requests):
+            raise ValueError(f"got {len(arrivals)} arrival times for {len(requests)} requests")
+        requests = [LoadRequest(r.prompt, r.output_tokens, float(a)) for r, a in zip(requests, arrivals)]
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), limits=limits) as client:
+        if model is None:
+            model = await _first_model(client, url)
+        t0 = time.perf_counter() + 0.05  # a moment to create every task before the first send
+        tasks = [asyncio.create_task(_one(client, url, model, r, i, t0, ignore_eos, temperature))
+                 for i, r in enumerate(requests)]
+        records = await asyncio.gather(*tasks)
+    errors = sorted({r["error"] for r in records if r["error"]})
+    return LoadResult(url, rate, list(records), _span(records), slo_ttft, slo_tpot, model, label, errors)
+
+
+async def _first_model(client: Any, url: str) -> str:
+    try:
+        r = await client.get(url + "/v1/models")
+        r.raise_for_status()
+        return r.json()["data"][0]["id"]
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"could not list the models of {url} ({type(e).__name__}: {e}); is the server up? "
+                         "pass model= to skip this") from None
+
+
+def run_load(url: str, *, rate: float | None = None, num_requests: int = 32,
+             prompts: Sequence[str] | str | None = None, output_tokens: int | Sequence[int] | None = None,
+             seed: int = 0,
+             trace: str | Path | None = None, slo_ttft: float = 1.0, slo_tpot: float = 0.2,
+             model: str | None = None, ignore_eos: bool = True, temperature: float = 0.0,
+             timeout: float = 600.0) -> LoadResult:
+    """One open-loop run: Poisson arrivals at ``rate`` requests/s (``float('inf')``: all at
+    once), or the requests and arrivals of a ``trace`` file. Blocks until every request ends
+    (from a notebook with a running event loop, ``await run_load_async(...)`` instead)."""
+    if trace is not None:
+        if rate is not None:
+            raise ValueError("give a rate or a trace, not both (a trace brings its own arrival times)")
+        requests = load_trace(trace, seed)
+        arrivals, label = None, f"trace {Path(trace).name}"
+    else:
+        if rate is None:
+            raise ValueError("give rate (requests per second; float('inf') sends all at once) or trace")
+        requests = make_requests(num_requests, output_tokens, prompts, seed)
+        if rate == math.inf:
+            arrivals = [0.0] * num_requests
+        else:
+            arrivals = poisson_arrivals(rate, num_requests, seed)
+        label = f"rate {rate:g}"
+    coro = run_load_async(url, requests, arrivals, model=model, slo_ttft=slo_ttft, slo_tpot=slo_tpot, rate=rate,
+                          ignore_eos=ignore_eos, temperature=temperature, timeout=timeout, label=label)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    # Called from inside an event loop (a notebook cell): run on a loop of its own in a thread.
+    coro.close()
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(run_load, url, rate=rate, num_requests=num_requests, prompts=prompts,
+                           output_tokens=output_tokens, seed=seed, trace=trace, slo_ttft=slo_ttft,
+                           slo_tpot=slo_tpot, model=model, ignore_eos=ignore_eos, temperature=temperature,
+                           timeout=timeout).result()
+
+
+def sweep(url: str, rates: Sequence[float], **kwargs: Any) -> list[LoadResult]:
+    """``run_load`` at each rate in turn (same requests, same seed), lowest first."""
+    rates = list(rates)
+    if not rates:
+        raise ValueError("give at least one rate")
+    return [run_load(url, rate=r, **kwargs) for r in rates]
+
+
+# -- reporting ------------------------------------------------------------------------------------
+
+_COLUMNS = [("rate", "rate", "{:g}"), ("ok", "num_ok", "{:d}"), ("fail", "num_failed", "{:d}"),
+            ("req/s", "throughput_req_s", "{:.2f}"), ("tok/s", "throughput_tok_s", "{:.1f}"),
+            ("TTFT p50", "ttft_p50", "{:.3f}"), ("p95", "ttft_p95", "{:.3f}"), ("p99", "ttft_p99", "{:.3f}"),
+            ("TPOT p50", "tpot_p50", "{:.3f}"), ("p95", "tpot_p95", "{:.3f}"),
+            ("ITL p95", "itl_p95", "{:.3f}"), ("E2E p50", "e2e_p50", "{:.2f}"), ("p99", "e2e_p99", "{:.2f}"),
+            ("goodput", "goodput", "{:.2f}"), ("SLO %", "slo_attainment", "{:.0%}")]
+
+
+def format_table(results: LoadResult | Sequence[LoadResult]) -> str:
+    """A fixed-width table, one row per run (latencies in seconds, goodput in requests/s)."""
+    if isinstance(results, LoadResult):
+        results = [results]
+    rows = []
+    for res in results:
+        s = res.summary()
+        row = []
+        for _, key, fmt in _COLUMNS:
+            v = s[key]
+            if key == "rate" and v is None:
+                row.append("trace")
+            elif v is None:
+                row.append("-")
+            else:
+                row.append(fmt.format(v))
+        rows.append(row)
+    heads = [h for h, _, _ in _COLUMNS]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
+    line = "  ".join(h.rjust(w) for h, w in zip(heads, widths))
+    out = [line, "-" * len(line)] + ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    slo = results[0]
+    out.append(f"latencies in seconds; goodput: requests/s with TTFT <= {slo.slo_ttft:g} s and "
+               f"TPOT <= {slo.slo_tpot:g} s")
+    return "\n".join(out)
+
+
+# -- python -m minillm load ------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m minillm load",
+        description="Open-loop load test of an OpenAI-compatible server: Poisson arrivals, a trace, or a sweep "
+                    "of rates; TTFT / TPOT / ITL / end-to-end percentiles, throughput and goodput.",
+        epilog="example: python -m minillm load --url http://127.0.0.1:8000 --sweep 0.5,1,2 --json out.json",
+    )
+    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--rate", type=float, help="requests per second (Poisson arrivals); inf = all at once")
+    mode.add_argument("--trace", help="a JSON-lines trace: arrival, prompt or prompt_tokens, output_tokens")
+    mode.add_argument("--sweep", help="comma-separated rates, run one after another, e.g. 0.5,1,2,4")
+    p.add_argument("--num-requests", type=int, default=32, help="requests per rate (default 32)")
+    p.add_argument("--output-tokens", type=int, default=None,
+                   help="tokens per request (default 32, or the workload's lengths with --prompts)")
+    p.add_argument("--prompts", default=None,
+                   help="a workload of minillm/bench/workload.py (uniform, chat, skewed...) for prompt lengths; "
+                        "default: short instructions")
+    p.add_argument("--seed", type=int, default=0, help="seeds arrivals and prompt order (default 0)")
+    p.add_argument("--slo-ttft", type=float, default=1.0, help="goodput SLO on TTFT, seconds (default 1.0)")
+    p.add_argument("--slo-tpot", type=float, default=0.2, help="goodput SLO on TPOT, seconds (default 0.2)")
+    p.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0)")
+    p.add_argument("--no-ignore-eos", action="store_true",
+                   help="do not send the ignore_eos extension (for servers that reject it); lengths may vary")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take (default 600)")
+    p.add_argument("--json", default=None, help="write summaries and per-request records to this file")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    for name in ("slo_ttft", "slo_tpot", "timeout"):
+        if not getattr(args, name) > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    kw = dict(num_requests=args.num_requests, output_tokens=args.output_tokens, prompts=args.prompts,
+              seed=args.seed, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, model=args.model,
+              ignore_eos=not args.no_ignore_eos, temperature=args.temperature, timeout=args.timeout)
+    if args.sweep is not None:
+        try:
+            rates = [float(x) for x in args.sweep.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--sweep takes comma-separated rates such as 0.5,1,2; got {args.sweep!r}") from None
+        results = []
+        for r in rates:
+            res = run_load(args.url, rate=r, **kw)
+            results.append(res)
+            print(format_table([res]).splitlines()[2], file=sys.stderr, flush=True)  # progress: the new row
+    elif args.trace is not None:
+        results = [run_load(args.url, trace=args.trace, **{k: v for k, v in kw.items()
+                                                             if k not in ("num_requests", "output_tokens", "prompts")})]
+    else:
+        results = [run_load(args.url, rate=args.rate, **kw)]
+    print(format_table(results))
+    for res in results:
+        for e in res.errors[:5]:
+            print(f"[{res.label}] error: {e}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.to_json() for r in results], indent=1))
+        print(f"wrote {args.json}")
+    return 0 if all(r.summary()["num_failed"] == 0 for r in results) else 1
+
+
+__all__ = ["LoadRequest", "LoadResult", "poisson_arrivals", "make_requests", "load_trace", "percentile", "goodput",
+           "meets_slo", "run_load", "run_load_async", "sweep", "format_table", "main"]

@@ -1,0 +1,136 @@
+"""Notebook side of the exercises: use the learner's function where it is written, grade a chapter.
+
+``MINILLM_IMPL`` picks whose code the chapters plug in, as it does for the graders:
+``exercises`` (default: the learner's files) or ``solutions`` (the reference answers;
+CI runs the chapters with it). A stub that still raises ``NotImplementedError`` is
+reported in one line and the reference answer runs in its place, so every chapter runs
+top to bottom before a single exercise is written.
+
+    from minillm.course.grading import mine, show_grade
+    schedule_step = mine("ch02_continuous_batching", "schedule_step")
+    show_grade("ch02")          # the score table of tests/grade.py for this chapter
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: exercises/, solutions/, tests/
+IMPLS = ("exercises", "solutions")
+
+
+def impl() -> str:
+    name = os.environ.get("MINILLM_IMPL", "exercises").strip() or "exercises"
+    if name not in IMPLS:
+        raise ValueError(f"MINILLM_IMPL must be one of {', '.join(IMPLS)}, got {name!r}")
+    return name
+
+
+def _module(package: str, chapter: str):
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f"{package}.{chapter}")
+
+
+def mine(chapter: str, name: str) -> Callable[..., Any]:
+    """``name`` from the learner's chapter file (or ``solutions/`` under MINILLM_IMPL=solutions).
+
+    The returned function calls the learner's; if that raises NotImplementedError, it
+    says so once and calls the reference answer from ``solutions/`` from then on.
+    ``.source`` tells whose code ran last ("exercises", "solutions" or "solutions (fallback)").
+    """
+    package = impl()
+    own = getattr(_module(package, chapter), name, None)
+    ref = getattr(_module("solutions", chapter), name)
+    if own is None:
+        print(f"{package}/{chapter}.py has no {name}(): using the reference answer")
+        own = ref
+
+    @functools.wraps(ref)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if call.source.endswith("(fallback)"):
+            return ref(*args, **kwargs)
+        try:
+            return own(*args, **kwargs)
+        except NotImplementedError:
+            print(f"{package}/{chapter}.py::{name} is not written yet: this run uses the reference answer")
+            call.source = "solutions (fallback)"
+            return ref(*args, **kwargs)
+
+    call.source = package
+    return call
+
+
+def show_grade(chapter: str, impl_name: str | None = None, timeout: float = 300.0) -> str:
+    """Run ``tests/grade.py`` for one chapter in a fresh interpreter (it reloads your files)
+    and print its score table; returns the text."""
+    cmd = [sys.executable, str(ROOT / "tests" / "grade.py"), chapter, "--impl", impl_name or impl()]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    text = (done.stdout + done.stderr).rstrip()
+    print(text)
+    return text
+
+
+def schedule_of(steps) -> list[tuple]:
+    """What "the same schedule" means: per step, who ran, how many tokens each fed, KV memory held."""
+    return [(tuple(s.request_ids), tuple(s.num_new_tokens), s.kv_reserved_bytes) for s in steps]
+
+
+def run_in_engine(lab, chapter: str, names: list[str], engine: str, workload, reference=None, **options):
+    """The real engine on ``workload`` with the learner's functions ``names`` plugged into
+    their seams (``minillm/seams.py``), next to the library's own run (``reference``, run
+    here when not given). Prints whose code ran and whether the greedy tokens and the step
+    schedule are identical; returns (reference, yours), two ``RunResult``s to chart."""
+    from minillm import seams
+
+    fns = {n: mine(chapter, n) for n in names}
+    if reference is None:
+        reference = lab.run(engine, workload, progress=False, **options)
+    with seams.plug(**fns):
+        yours = lab.run(engine, workload, progress=False, **options)
+    same_tokens = yours.output_token_ids == reference.output_token_ids
+    same_schedule = schedule_of(yours.steps) == schedule_of(reference.steps)
+    whose = ", ".join(f"{n} ({f.source})" for n, f in fns.items())
+    print(f"{engine} engine with {whose}: {len(yours.steps)} steps (library: {len(reference.steps)}); "
+          f"tokens identical: {same_tokens}; schedule identical: {same_schedule}")
+    yours.extra.update(same_tokens=same_tokens, same_schedule=same_schedule)
+    return reference, yours
+
+
+def replay_schedule_step(schedule_step: Callable, prompt_lens: list[int], output_lens: list[int],
+                         max_num_seqs: int, max_num_batched_tokens: int) -> list[list[tuple[str, int]]]:
+    """Drive a ``schedule_step(running, waiting, B, T)`` (chapter 2's exercise) over a whole
+    workload with a fake forward; returns each step's rows as (request id, tokens fed),
+    the same shape as the engine's step records, to compare with the real scheduler."""
+    from minillm.request import Request, RequestStatus
+    from minillm.sampling import SamplingParams
+
+    waiting = deque(Request(str(i), [5] * p, SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True),
+                            arrival_time=0.0)
+                    for i, (p, o) in enumerate(zip(prompt_lens, output_lens)))
+    running: list = []
+    steps: list[list[tuple[str, int]]] = []
+    while waiting or any(not r.is_finished for r in running):
+        rows = list(schedule_step(running, waiting, max_num_seqs, max_num_batched_tokens))
+        if not rows:
+            raise RuntimeError(f"step {len(steps)}: schedule_step returned no rows while requests still wait "
+                               f"or run; every step must schedule something")
+        if len(steps) > 10 * (sum(output_lens) + len(output_lens)):
+            raise RuntimeError("schedule_step does not finish the workload (a request never finishes?)")
+        for r, n in rows:  # a fake forward: every row samples token 7
+            r.num_computed_tokens += n
+            r.output_token_ids.append(7)
+            if r.num_output_tokens >= r.sampling_params.max_tokens:
+                r.status = RequestStatus.FINISHED
+        steps.append([(r.request_id, n) for r, n in rows])
+    return steps
+
+
+__all__ = ["mine", "show_grade", "impl", "replay_schedule_step", "run_in_engine", "schedule_of"]

@@ -1,0 +1,201 @@
+"""Short graded questions, a few per chapter: choice or numeric answers.
+
+A learner answers in the chapter's exercise file (``quiz_answers()`` returns a dict
+question id -> answer) and ``make grade`` checks each answer. The right answers are not
+stored here in plain text: each question keeps a salted SHA-256 digest of its normalised
+answer, so reading this file does not give them away (a determined reader can still try
+every choice; the point is that the answer is not printed before the question).
+
+Normalisation: a choice is one letter ("b", "B" or "(b)" all read as "b"); a number is
+rounded to the question's ``decimals`` and written with that many decimals, so 9.96 and
+10.0 are the same answer at ``decimals=1``.
+
+    >>> from minillm.bench import quiz
+    >>> quiz.show("ch03")                          # the questions, in a notebook or a shell
+    >>> quiz.check("ch03", "q1", 3)                # (True, "q1: correct")
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+_SALT = "minillm-quiz-v1"
+
+
+@dataclass(frozen=True)
+class Question:
+    qid: str
+    text: str
+    digest: str
+    choices: tuple[str, ...] = ()  # a choice question when not empty: answer with a letter
+    decimals: int | None = None  # a numeric question: rounded to this many decimals
+
+    @property
+    def kind(self) -> str:
+        return "choice" if self.choices else "numeric"
+
+
+def normalise(question: Question, answer: Any) -> str:
+    """The canonical text of ``answer`` for ``question``; ValueError saying what to write instead."""
+    if question.choices:
+        if not isinstance(answer, str):
+            raise ValueError(f"{question.qid} is a choice question: answer with a letter such as 'b', "
+                             f"got {answer!r}")
+        letter = answer.strip().strip("()").strip().lower()
+        valid = "abcdefgh"[:len(question.choices)]
+        if len(letter) != 1 or letter not in valid:
+            raise ValueError(f"{question.qid}: answer with one of {', '.join(valid)}, got {answer!r}")
+        return letter
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
+        raise ValueError(f"{question.qid} is a numeric question: answer with a number, got {answer!r}")
+    d = question.decimals or 0
+    value = round(float(answer), d) + 0.0  # + 0.0 turns -0.0 into 0.0
+    return f"{value:.{d}f}"
+
+
+def digest(chapter: str, qid: str, canonical: str) -> str:
+    return hashlib.sha256(f"{_SALT}:{chapter}:{qid}:{canonical}".encode()).hexdigest()[:20]
+
+
+def _q(qid: str, text: str, digest_: str, choices: tuple[str, ...] = (), decimals: int | None = None) -> Question:
+    return Question(qid, " ".join(text.split()), digest_, choices, decimals)
+
+
+QUIZZES: dict[str, list[Question]] = {
+    "ch00": [
+        _q("q1", """A decode step at batch 1 reads every weight once. A model of 135,000,000 parameters
+            in bf16 (2 bytes each), on a machine that reads memory at 27 GB/s (27e9 bytes/s): what is the
+            floor of one decode step, in milliseconds? (1 decimal)""", "d289c53d400febfc7dc3", decimals=1),
+        _q("q2", """Why does a decode step of 8 requests cost little more than a step of 1 on this model?""",
+           "f79ef2d27590547d1071",
+           ("attention over 8 rows is cheaper than over 1",
+            "the weights are read once per step and shared by every row, and reading them is most of the step",
+            "8 requests fit in the CPU's 8 threads",
+            "the KV cache of 8 requests is smaller than that of 1")),
+        _q("q3", """SmolLM2-135M has 30 layers, 3 KV heads and head_dim 64. How many bytes of KV cache does
+            one token take in fp32 (keys and values, every layer)?""", "bf660f29a7f1584657c4", decimals=0),
+        _q("q4", """With temperature 0 the sampler returns""", "7c02c31e139858fb35b9",
+           ("a token drawn from softmax(logits)", "a token drawn uniformly from the top-p set",
+            "the token with the largest logit", "the most frequent token of the prompt")),
+    ],
+    "ch01": [
+        _q("q1", """Static batching, B = 4, eight requests in arrival order with output lengths
+            [10, 2, 2, 2, 50, 3, 3, 4] (one decode step gives each running request one token, and a group
+            runs until its longest request is done). How many decode steps does it take?""",
+           "be3a3451b66abbbc6db2", decimals=0),
+        _q("q2", """For the run of q1, what share of the 4 x steps token-slots carried a needed token? (2 decimals)""",
+           "ff81ac38aee3fd9ee4d0", decimals=2),
+        _q("q3", """Why are prompts padded on the left in a static batch?""", "d61e26f7f3ba426a3bcc",
+           ("so every row's next token is produced at the same column, the last one",
+            "so the attention mask can be dropped",
+            "so shorter prompts are computed first",
+            "because the tokenizer adds its BOS token on the left")),
+        _q("q4", """The barrel effect of static batching grows with""", "2ae91265ad84b0e7ca78",
+           ("the number of layers", "the vocabulary size", "the prompt length alone",
+            "the spread of output lengths within a group")),
+    ],
+    "ch02": [
+        _q("q1", """Continuous batching, B = 2, five requests that want [4, 1, 1, 1, 1] tokens, all waiting at
+            the start. Every step each running request gets one token and a finished request's slot is refilled
+            at the next step. How many steps does it take?""", "da7bd8d2c021be4e32ad", decimals=0),
+        _q("q2", """The same five requests under static batching with B = 2 (groups in arrival order): how many
+            steps?""", "4192e892dcad7290fee3", decimals=0),
+        _q("q3", """On which workload does continuous batching gain least over static batching?""",
+           "29b1828ef5fc08864900",
+           ("every request wants the same number of tokens", "one long answer in every eight",
+            "chat traffic with long-tailed answer lengths", "requests that arrive one by one over time")),
+        _q("q4", """What does continuous batching do to time to first token on a skewed workload?""",
+           "2c525b279e6ab3a62a88",
+           ("nothing: TTFT depends only on the prompt",
+            "it rises: admitting requests slows every step",
+            "it falls: a request waits for a free slot, not for a whole group to finish",
+            "it falls only when the batch is larger")),
+    ],
+    "ch03": [
+        _q("q1", """How many 16-token blocks does a request of 33 tokens need?""", "ff0eaa1c9e7ce3507a72",
+           decimals=0),
+        _q("q2", """Block size 16, block table [7, 2, 9]: which cache slot holds the token at position 20?""",
+           "631ea5961e3bb5184c6a", decimals=0),
+        _q("q3", """A contiguous cache reserves 2048 token slots per request; a request uses 300. What share of
+            its reservation is wasted? (2 decimals)""", "9958e453f128320e23f6", decimals=2),
+        _q("q4", """When the paged scheduler preempts a request (recompute), its KV blocks are""",
+           "1cd48cf293c847ab06c9",
+           ("freed; its prompt and generated tokens are prefilled again when it resumes",
+            "copied to host memory and copied back on resume",
+            "kept, and the request only loses its batch slot",
+            "shared with the request that needed them")),
+    ],
+    "ch04": [
+        _q("q1", """Token budget 64 per step, 10 requests decoding (one token each), one waiting prompt of 200
+            tokens. How many prompt tokens does the chunked scheduler feed this step?""",
+           "e929e1563734e4ea69a0", decimals=0),
+        _q("q2", """Same situation, and it stays the same every step (10 decodes, budget 64): how many steps
+            does the 200-token prompt take to prefill?""", "44cb1ea6439b710f5671", decimals=0),
+        _q("q3", """Chunked prefill lowers mainly""", "a9a2cd91be345ba77028",
+           ("the inter-token latency of the requests already decoding", "the TTFT of the long prompt",
+            "the number of KV blocks used", "the number of forward passes")),
+        _q("q4", """Raising the token budget, with the traffic unchanged,""", "0df2c9d8927475bd0d99",
+           ("lowers p99 ITL and raises TTFT of long prompts", "changes neither",
+            "lowers TTFT of long prompts and raises p99 ITL", "raises both")),
+    ],
+    "ch05": [
+        _q("q1", """Each draft is accepted with probability 0.8, independently, k = 4. How many tokens does a
+            verification step emit on average? (2 decimals)""", "a13db86585944d55b326", decimals=2),
+        _q("q2", """Target p = [0.5, 0.3, 0.2], draft q = [0.2, 0.3, 0.5]. What is the acceptance rate
+            sum_x min(p(x), q(x))? (2 decimals)""", "12e9cf508e2062b15f5d", decimals=2),
+        _q("q3", """alpha = 0.8, k = 4, a draft step costs 0.1 of a target decode step and the verify forward
+            costs 1.2 of one. What is the speedup over plain decoding? (2 decimals)""",
+           "2095b710a839d3999b29", decimals=2),
+        _q("q4", """Speculation stops paying when""", "fbf92f563e28a2a7ce6e",
+           ("the prompt is long", "the temperature is above 0", "the drafter is a smaller model",
+            "the batch is large enough that the step is bound by compute, so verifying k + 1 tokens costs "
+            "about k + 1 steps")),
+    ],
+}
+
+
+def questions(chapter: str) -> list[Question]:
+    key = chapter[:4]
+    if key not in QUIZZES:
+        raise ValueError(f"no questions for chapter {chapter!r}; chapters with questions: {', '.join(QUIZZES)}")
+    return QUIZZES[key]
+
+
+def question(chapter: str, qid: str) -> Question:
+    for q in questions(chapter):
+        if q.qid == qid:
+            return q
+    raise ValueError(f"chapter {chapter[:4]} has no question {qid!r}; "
+                     f"questions: {', '.join(q.qid for q in questions(chapter))}")
+
+
+def check(chapter: str, qid: str, answer: Any) -> tuple[bool, str]:
+    """(correct, one line saying so or why not) for one answer."""
+    q = question(chapter, qid)
+    if answer is None:
+        return False, f"{qid}: not answered (add {qid!r} to the dict quiz_answers() returns)"
+    try:
+        canonical = normalise(q, answer)
+    except ValueError as e:
+        return False, str(e)
+    if digest(chapter[:4], qid, canonical) == q.digest:
+        return True, f"{qid}: correct"
+    hint = f" (rounded to {q.decimals} decimals: {canonical})" if q.kind == "numeric" else ""
+    return False, f"{qid}: {answer!r} is not the answer{hint}"
+
+
+def show(chapter: str) -> str:
+    """The chapter's questions as text (printed, and returned)."""
+    lines = [f"Questions for {chapter[:4]} (answer in quiz_answers() of the chapter's exercise file):", ""]
+    for q in questions(chapter):
+        lines.append(f"{q.qid}. {q.text}")
+        if q.choices:
+            lines += [f"    ({'abcdefgh'[i]}) {c}" for i, c in enumerate(q.choices)]
+        else:
+            lines.append(f"    [a number{'' if not q.decimals else f', {q.decimals} decimals'}]")
+        lines.append("")
+    text = "\n".join(lines).rstrip()
+    print(text)
+    return text
