@@ -35,7 +35,7 @@ def generate(argv: list[str]) -> int:
         raise ValueError("--system needs --chat (the system message goes into the chat template): "
                          "add --chat, or drop --system")
     from .engine import LLM
-    from .sampling import SamplingParams
+    from .sampling_params import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_tokens=args.max_tokens, seed=args.seed)

@@ -241,8 +241,6 @@ class EngineConfig:
 
     def _check(self) -> None:
         check_bool_fields(self)
-        from .threads import check_cpu_threads
-
         check_cpu_threads(self.cpu_threads)
         if self.pack_weights is not None and not isinstance(self.pack_weights, bool):
             raise ValueError(f"pack_weights must be True, False or None (on where it pays), got {self.pack_weights!r}")
@@ -297,10 +295,6 @@ class EngineConfig:
                 f"{seqs} running requests one decode token, so the decodes alone would not fit the budget. "
                 f"Raise max_num_batched_tokens to at least {seqs} or lower max_num_seqs")
 
-    def resolve(self, model_config: ModelConfig) -> "ResolvedConfig":
-        """Every default filled in and every derived number computed: see ``ResolvedConfig``."""
-        return resolve(self, model_config)
-
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
         valid = [f.name for f in fields(cls)]
@@ -345,9 +339,10 @@ def check_seed(name: str, value: Any, limit: int = SEED_LIMIT, why: str = "") ->
 class ResolvedConfig:
     """What an engine derives from ``EngineConfig`` + ``ModelConfig``, computed in ONE place.
 
-    ``build_engine``, the benchmark and the simulator all read these numbers, so they
-    cannot disagree on a default. Building one validates the whole configuration
-    without loading a single weight.
+    ``minillm.resolve.resolve`` builds it (it probes the hardware, so it sits above the
+    model and the kernels); ``build_engine``, the benchmark and the simulator all read these
+    numbers, so they cannot disagree on a default. Building one validates the whole
+    configuration without loading a single weight.
     """
 
     engine: str
@@ -366,60 +361,13 @@ class ResolvedConfig:
         return self.num_blocks * self.block_size * self.kv_bytes_per_token
 
 
-def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
-    """Fill in ``config``'s defaults for ``model_config``; raise ValueError if it cannot run."""
-    from . import placement
-    from .block_manager import num_blocks_from_budget
-
-    place = placement.resolve(config.device, config.dtype, config.attention_backend)
-    if config.cuda_graphs and place.device.type != "cuda":
-        raise ValueError(f"cuda_graphs=True needs a CUDA device, but this engine runs on {place.device}: "
-                         "pass device='cuda' on a GPU machine, or cuda_graphs=False")
-    if config.cuda_graphs and place.attention_backend != "triton":
-        raise ValueError(f"cuda_graphs=True needs attention_backend='triton' (the torch backend plans each step "
-                         f"on the host, which a graph cannot replay), got {place.attention_backend!r}")
-    pack = _resolve_pack_weights(config.pack_weights, place)
-    if config.compile:
-        from .compiled import check_compile
-
-        check_compile(place.device, place.attention_backend)
-    max_model_len = config.max_model_len or model_config.max_position_embeddings
-    if max_model_len > model_config.max_position_embeddings:
-        raise ValueError(f"max_model_len must be at most the model's context length "
-                         f"{model_config.max_position_embeddings}, got {max_model_len}")
-    seqs = 1 if config.engine == "simple" else config.max_num_seqs
-    budget = config.max_num_batched_tokens or max(max_model_len, config.max_num_seqs)
-    kv_bytes = model_config.kv_bytes_per_token(place.dtype.itemsize)
-    if config.engine == "paged":
-        # Size the cache in blocks from whichever budget was given (default: the bytes
-        # the contiguous engine reserves).
-        block_size = config.block_size
-        num_blocks = num_blocks_from_budget(
-            block_size=block_size, max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
-            kv_bytes_per_token=kv_bytes, num_blocks=config.num_blocks, kv_cache_bytes=config.kv_cache_bytes)
-    else:
-        block_size, num_blocks = max_model_len, seqs
-    return ResolvedConfig(config.engine, max_model_len, seqs, budget, block_size, num_blocks, kv_bytes, place, pack,
-                          config.compile)
-
-
-def _resolve_pack_weights(option: bool | None, place: Any) -> bool:
-    """None: packed where it was measured to pay, float32 on an x86 CPU; True: packed or a ValueError."""
-    from .model import can_pack_weights, packs_by_default
-
-    if option is False:
-        return False
-    if place.device.type != "cpu":
-        if option:
-            raise ValueError(f"pack_weights=True lays weights out for oneDNN on the CPU, but this engine runs on "
-                             f"{place.device}: pass pack_weights=None or False")
-        return False
-    if option is None:
-        return packs_by_default(place.dtype)
-    if not can_pack_weights(place.dtype):
-        raise ValueError(f"pack_weights=True: this torch build or CPU cannot run oneDNN's packed linear in "
-                         f"{place.dtype}; pass pack_weights=None or False")
-    return True
+def check_cpu_threads(value: Any) -> None:
+    """``cpu_threads``: "auto" (follow the free cores, minillm/threads.py), None (leave torch's
+    count alone) or an integer >= 1."""
+    if value is None or value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"cpu_threads must be 'auto', None or an integer >= 1, got {value!r}")
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -428,6 +376,6 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 __all__ = ["SCHEDULING_POLICIES", "PRIORITY_CLASSES", "DEFAULT_QUEUE_TIMEOUTS", "priority_level", "priority_class",
-           "check_queue_timeouts", "queue_timeout", "ModelConfig", "EngineConfig", "SpeculativeConfig", "ResolvedConfig", "resolve", "ENGINES", "ATTENTION_BACKENDS", "DTYPES",
+           "check_queue_timeouts", "queue_timeout", "ModelConfig", "EngineConfig", "SpeculativeConfig", "ResolvedConfig", "ENGINES", "ATTENTION_BACKENDS", "DTYPES",
            "SPEC_METHODS", "MAX_SPECULATIVE_TOKENS", "SEED_LIMIT", "ENGINE_SEED_LIMIT", "check_bool_fields",
-           "check_seed"]
+           "check_seed", "check_cpu_threads"]

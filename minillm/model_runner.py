@@ -327,7 +327,7 @@ def prompt_logits(model, token_ids: list[int], chunk_size: int | None = None,
     n = len(token_ids)
     num_blocks = -(-n // block_size)
     caches = allocate_kv_cache(model.cfg, num_blocks, block_size, p.device, p.dtype)
-    from .sampling import SamplingParams
+    from .sampling_params import SamplingParams
 
     req = Request("prompt_logits", list(token_ids), SamplingParams())
     req.block_ids = list(range(num_blocks))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only a type here: the request stays torch-free plain Python
-    from .sampling import SamplingParams
+    from .sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

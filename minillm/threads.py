@@ -144,10 +144,3 @@ def make_governor(cpu_threads, device: torch.device) -> ThreadGovernor | None:
         return gov if gov.enabled else None
     torch.set_num_threads(int(cpu_threads))
     return None
-
-
-def check_cpu_threads(value) -> None:
-    if value is None or value == "auto":
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"cpu_threads must be 'auto', None or an integer >= 1, got {value!r}")

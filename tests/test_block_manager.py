@@ -20,7 +20,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 from minillm.block_manager import (BlockAllocator, BlockManager, NoFreeBlocksError, blocks_needed,
                                    min_num_blocks, num_blocks_from_budget, slots_for)
 from minillm.request import FinishReason, Request, RequestStatus
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 from minillm.scheduler import PagedScheduler
 
 FAST = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

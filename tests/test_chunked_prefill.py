@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from minillm.block_manager import blocks_needed, min_num_blocks
 from minillm.config import EngineConfig
 from minillm.request import FinishReason, Request, RequestStatus
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 from minillm.scheduler import PagedScheduler
 from tests.test_block_manager import EOS, FAST, VOCAB, FakeEngine, solo_run
 

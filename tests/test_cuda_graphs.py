@@ -8,6 +8,7 @@ from minillm import SamplingParams
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine import LLM, build_engine
 from minillm.model_runner import graph_buckets
+from minillm.resolve import resolve
 
 TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_position_embeddings=256)
@@ -23,14 +24,14 @@ def test_cuda_graphs_must_be_a_bool(value):
 
 def test_cuda_graphs_need_cuda():
     with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device"):
-        EngineConfig(engine="paged", device="cpu", cuda_graphs=True).resolve(TINY)
-    assert EngineConfig(engine="paged", device="cpu").resolve(TINY)  # off by default
+        resolve(EngineConfig(engine="paged", device="cpu", cuda_graphs=True), TINY)
+    assert resolve(EngineConfig(engine="paged", device="cpu"), TINY)  # off by default
 
 
 @pytest.mark.gpu
 def test_cuda_graphs_need_the_triton_backend():
     with pytest.raises(ValueError, match="attention_backend='triton'"):
-        EngineConfig(engine="paged", device="cuda", attention_backend="torch", cuda_graphs=True).resolve(TINY)
+        resolve(EngineConfig(engine="paged", device="cuda", attention_backend="torch", cuda_graphs=True), TINY)
 
 
 def test_graph_buckets_cover_every_batch_size():

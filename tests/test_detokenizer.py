@@ -277,7 +277,7 @@ def test_no_tokenizer_means_no_text_and_no_stop():
 
 
 def test_real_sampling_params_without_include_field():
-    from minillm.sampling import SamplingParams
+    from minillm.sampling_params import SamplingParams
 
     d = IncrementalDetokenizer(FAKE, [], SamplingParams(stop=["."]))
     for t in ids_of(" Paris", ".", " It"):

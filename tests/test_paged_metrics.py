@@ -22,6 +22,7 @@ from minillm.scheduler import build_scheduler
 from minillm.metrics import StepRecord, record_step
 from minillm.bench.summary import RunResult, format_table, kv_waste_fraction, max_concurrency, summarize
 from minillm.request import Request, RequestMetrics
+from minillm.resolve import resolve
 from minillm.bench.workload import make_workload
 
 PER_TOKEN = ModelConfig().kv_bytes_per_token(4)
@@ -36,7 +37,7 @@ def replay(workload, engine, max_num_seqs, **options):
     """The real scheduler of ``engine`` on ``workload``, no model: (steps, scheduler, requests)."""
     L = workload.default_max_model_len()
     cfg = EngineConfig(engine=engine, max_num_seqs=max_num_seqs, max_model_len=L, dummy_weights=True, **options)
-    rc = cfg.resolve(ModelConfig())
+    rc = resolve(cfg, ModelConfig())
     sched, block_size = build_scheduler(cfg, rc, ModelConfig().eos_token_id), rc.block_size
     reqs = [Request(w.request_id, list(w.prompt_token_ids), w.sampling_params(), arrival_time=0.0) for w in workload]
     for r in reqs:

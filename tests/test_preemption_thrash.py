@@ -8,7 +8,7 @@ scheduler admits nobody until a running request finishes.
 import pytest
 
 from minillm.request import Request
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 from minillm.scheduler import PagedScheduler
 from tests.test_block_manager import EOS, FakeEngine
 

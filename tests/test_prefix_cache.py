@@ -25,7 +25,7 @@ from minillm.block_manager import (ROOT_HASH, BlockAllocator, BlockManager, bloc
                                    hash_block_tokens, longest_cached_prefix, lru_victim, slots_for)
 from minillm.config import EngineConfig
 from minillm.request import FinishReason, Request, RequestStatus
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 from minillm.scheduler import PagedScheduler
 
 FAST = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

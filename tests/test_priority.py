@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from minillm.config import DEFAULT_QUEUE_TIMEOUTS, EngineConfig, check_queue_timeouts, queue_timeout
 from minillm.bench.summary import class_metrics
 from minillm.request import Request, RequestMetrics, RequestStatus
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 from minillm.scheduler import PagedScheduler, SchedulerOutput
 from minillm.scheduler.priority import admission_order, is_timed_out, pick_victim
 from tests.test_prefix_cache import FAST, EOS, ContentEngine, caching_setups, run_fake, shared_prompts

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minillm.sampling import SamplingParams, compute_probs, sample, sample_from_probs
+from minillm.sampling import compute_probs, sample, sample_from_probs
+from minillm.sampling_params import SamplingParams
 from minillm.bench import exactness as ex
 from minillm.spec_decode.rejection_sampler import (
     acceptance_rate,

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from minillm.metrics import record_step
 from minillm.bench.summary import slot_utilization
 from minillm.request import Request
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 from minillm.scheduler import ContinuousScheduler, StaticScheduler
 
 ENGINES = {"static": StaticScheduler, "continuous": ContinuousScheduler}

@@ -10,7 +10,7 @@ import pytest
 
 from minillm.config import SpeculativeConfig
 from minillm.request import Request
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 from minillm.scheduler.output import ScheduledRequest, SchedulerOutput
 from minillm.spec_decode.drafters import NgramDrafter
 from minillm.spec_decode.rejection_sampler import expected_num_emitted

@@ -24,7 +24,7 @@ from minillm.attention import AttentionMetadata, decode_groups, torch_attention
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine import build_engine
 from minillm.model import rms_norm
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 
 TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=6,
                    num_kv_heads=2, head_dim=16, max_position_embeddings=512)

@@ -130,6 +130,7 @@ def simulate(workload: Workload, engine: str = "continuous", max_num_seqs: int =
     """
     from minillm.clock import VirtualClock
     from minillm.engine import LLMEngine
+    from minillm.resolve import resolve
     from minillm.scheduler import build_scheduler
 
     cost = cost or CostModel()
@@ -137,7 +138,7 @@ def simulate(workload: Workload, engine: str = "continuous", max_num_seqs: int =
     cfg = EngineConfig(engine=engine, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        max_model_len=max_model_len or workload.default_max_model_len(), dummy_weights=True,
                        device="cpu", dtype=dtype, **options)
-    rc = cfg.resolve(mcfg)
+    rc = resolve(cfg, mcfg)
     clock = VirtualClock()
     eng = LLMEngine(cfg, rc, mcfg, None, build_scheduler(cfg, rc, mcfg.eos_token_id), CostModelRunner(cost, clock),
                     clock=clock)
@@ -155,7 +156,7 @@ def calibration_steps(engine, batch_sizes: Sequence[int] = (1, 4, 8), contexts: 
                       decode_steps: int = 3) -> list[StepRecord]:
     """Measure a small grid of steps on a real ``LLMEngine``: prefills and decodes at
     several batch sizes and context lengths. Returns their StepRecords (for ``fit``)."""
-    from minillm.sampling import SamplingParams
+    from minillm.sampling_params import SamplingParams
 
     records: list[StepRecord] = []
     B_max = engine.scheduler.max_num_seqs

@@ -29,7 +29,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from minillm.sampling import SamplingParams, exponential_race, position_noise
+from minillm.sampling import exponential_race, position_noise
+from minillm.sampling_params import SamplingParams
 from minillm.spec_decode.rejection_sampler import coupled_verify, draft_probs_from_logits, rejection_sample, verify_probs
 
 ToyModel = Callable[[tuple[int, ...]], torch.Tensor]  # prefix -> probabilities [V], float64

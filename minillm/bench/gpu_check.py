@@ -115,7 +115,7 @@ def bench(gpu: bool, num_requests: int) -> dict[str, Any]:
     from minillm import loader
     from minillm.engine import build_engine
     from minillm.bench import hf_baselines
-    from minillm.sampling import SamplingParams
+    from minillm.sampling_params import SamplingParams
 
     tiny = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                        num_kv_heads=2, head_dim=16, max_position_embeddings=256)

@@ -48,7 +48,7 @@ def _server_once(http: Any, url: str, prompt: str, max_tokens: int) -> tuple[flo
 
 
 def _inproc_once(llm: Any, prompt: str, max_tokens: int) -> tuple[float, float | None, int]:
-    from ..sampling import SamplingParams
+    from ..sampling_params import SamplingParams
 
     t0 = time.perf_counter()  # the engine's clock is time.perf_counter too
     out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))[0]

@@ -98,7 +98,7 @@ def weights_floor(model, repeats: int = 7) -> dict[str, float]:
 
 def decode_engine(llm, batch: int, context: int, max_tokens: int):
     """Add ``batch`` requests of ``context`` prompt tokens and run until every one decodes."""
-    from minillm.sampling import SamplingParams
+    from minillm.sampling_params import SamplingParams
 
     eng = llm.engine
     V = eng.model_config.vocab_size

@@ -16,7 +16,7 @@ import torch
 
 from minillm import placement
 from minillm.request import Request
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 from minillm.scheduler.output import ScheduledRequest, SchedulerOutput
 
 

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from minillm.bench.summary import percentiles
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 
 # The engines of the sweep: EngineConfig options on top of the common ones (max_num_seqs, ...).
 NGRAM = dict(method="ngram", num_speculative_tokens=4)

@@ -51,7 +51,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 
 ARRIVALS = ("offline", "poisson")
 

@@ -19,32 +19,32 @@ from .base import Scheduler, SchedulerOutput
 
 
 def apply_rows(sched: Scheduler, rows: list[tuple[Request, int]], out: SchedulerOutput, now: float) -> list[Request]:
-    """Carry out a plugged-in policy's rows (``seams``) with the scheduler's own bookkeeping:
+    """Carry out the rows a plugged-in scheduling step chose (``seams``) with the scheduler's own bookkeeping:
     a running request gets its row, a waiting one is admitted (KV blocks, queues, metrics).
     Returns the admitted requests. A decision the engine cannot carry out is a ValueError
     that names it, before anything changes for that row."""
     admitted = []
     for r, n in rows:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"the policy gave request {r.request_id} a row of {n!r} tokens; rows feed >= 1 token")
+            raise ValueError(f"the plugged scheduling step gave request {r.request_id} a row of {n!r} tokens; rows feed >= 1 token")
         if r in sched.running:
             sched.add_row(r, n, out)
             continue
         if not sched.waiting or sched.waiting[0] is not r:
-            raise ValueError(f"the policy admitted request {r.request_id}, which is not the oldest waiting request "
+            raise ValueError(f"the plugged scheduling step admitted request {r.request_id}, which is not the oldest waiting request "
                              f"(admission is first come, first served)")
         if not sched.can_admit(r, n):
-            raise ValueError(f"the policy admitted request {r.request_id} with no batch slot or KV space left for it")
+            raise ValueError(f"the plugged scheduling step admitted request {r.request_id} with no batch slot or KV space left for it")
         sched.admit(r, n, out, now)
         admitted.append(r)
     if sum(row.num_new_tokens for row in out.rows) > sched.max_num_batched_tokens:
-        raise ValueError(f"the policy fed {sum(row.num_new_tokens for row in out.rows)} tokens in one step, over the "
+        raise ValueError(f"the plugged scheduling step fed {sum(row.num_new_tokens for row in out.rows)} tokens in one step, over the "
                          f"token budget max_num_batched_tokens={sched.max_num_batched_tokens}")
     return admitted
 
 
 def arrived_waiting(sched: Scheduler, now: float) -> deque[Request]:
-    """The waiting requests a policy may see: those that have arrived, oldest first."""
+    """The waiting requests a plugged scheduling step may see: those that have arrived, oldest first."""
     out: deque[Request] = deque()
     for r in sched.waiting:
         if not sched.arrived(r, now):
@@ -55,9 +55,9 @@ def arrived_waiting(sched: Scheduler, now: float) -> deque[Request]:
 
 class ContinuousScheduler(Scheduler):
     def schedule(self) -> SchedulerOutput:
-        policy = seams.plugged("schedule_step")  # a learner's scheduling step (chapter 2)
-        if policy is not None:
-            return self._schedule_with(policy)
+        plugged_step = seams.plugged("schedule_step")  # a learner's scheduling step (chapter 2)
+        if plugged_step is not None:
+            return self._schedule_with(plugged_step)
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         for r in self.running:  # decodes first: one token each
@@ -73,11 +73,11 @@ class ContinuousScheduler(Scheduler):
             budget -= n
         return out
 
-    def _schedule_with(self, policy) -> SchedulerOutput:
+    def _schedule_with(self, schedule_step) -> SchedulerOutput:
         """``schedule_step(running, waiting, B, T)`` on copies of the queues, then carried out."""
         out = SchedulerOutput()
         now = self.clock()
-        rows = list(policy(list(self.running), arrived_waiting(self, now), self.max_num_seqs,
+        rows = list(schedule_step(list(self.running), arrived_waiting(self, now), self.max_num_seqs,
                            self.max_num_batched_tokens))
         apply_rows(self, rows, out, now)
         return out

@@ -63,9 +63,9 @@ class StaticScheduler(Scheduler):
         out = SchedulerOutput()
         if self.group and not self.running:  # (after an abort) nobody left to wait for
             self._release_group()
-        policy = seams.plugged("static_schedule")  # a learner's static policy (chapter 1)
-        if policy is not None:
-            return self._schedule_with(policy, out)
+        plugged_step = seams.plugged("static_schedule")  # a learner's static scheduling step (chapter 1)
+        if plugged_step is not None:
+            return self._schedule_with(plugged_step, out)
         if self.group:  # one decode token for each member still generating
             for r in self.running:
                 self.add_row(r, 1, out)
@@ -86,13 +86,13 @@ class StaticScheduler(Scheduler):
         out.padded_width = max((row.num_new_tokens for row in out.rows), default=1)
         return out
 
-    def _schedule_with(self, policy, out: SchedulerOutput) -> SchedulerOutput:
+    def _schedule_with(self, static_schedule, out: SchedulerOutput) -> SchedulerOutput:
         """``static_schedule(group, waiting, B, T)`` on copies of the queues, then carried out."""
         now = self.clock()
-        rows = list(policy(list(self.group), arrived_waiting(self, now), self.max_num_seqs,
+        rows = list(static_schedule(list(self.group), arrived_waiting(self, now), self.max_num_seqs,
                            self.max_num_batched_tokens))
         if self.group and any(r not in self.running for r, _ in rows):
-            raise ValueError("the policy admitted a request while the group still runs: a static group is "
+            raise ValueError("the plugged static_schedule admitted a request while the group still runs: a static group is "
                              "closed until its last member finishes")
         self.group.extend(apply_rows(self, rows, out, now))
         out.padded_width = max((row.num_new_tokens for row in out.rows), default=1)

@@ -2,13 +2,14 @@
 
 - ``rejection_sampler``: the verification rule (``rejection_sample``) and its pieces;
 - ``ngram``: a drafter that copies continuations from the context (prompt lookup);
-- ``exactness``: the test that speculative decoding leaves the target distribution
-  unchanged (exact enumeration on toy models, and a sampling test);
 - ``drafters``: the engine's drafters (n-gram, and a model with its own KV cache);
 - ``speculator``: the engine's side -- propose drafts in the lookahead the scheduler
   reserved, verify them after the one forward -- and the counters (``SpecStats``);
-- ``policy``: adaptive k, the off switch under load, the speedup model;
-- ``prompts``, ``measure``: the grounded / open workloads and timing helpers of chapter 5.
+- ``policy``: the speculation policy -- adaptive k, the off switch under load, the
+  speedup model (plain Python: the scheduler reads it).
+
+The exactness test and the timing helpers of chapter 5 are measuring tools:
+``minillm.bench.exactness`` and ``minillm.bench.spec_measure``.
 
 Submodules are imported on first use, so the torch-free ``policy`` can be read by the
 scheduler without importing torch.

@@ -29,7 +29,8 @@ from torch import nn
 from ..config import ModelConfig, SpeculativeConfig
 from ..model_runner import ModelRunner
 from ..request import Request
-from ..sampling import SamplingParams, sample_from_probs_at
+from ..sampling import sample_from_probs_at
+from ..sampling_params import SamplingParams
 from ..scheduler.output import ScheduledRequest, SchedulerOutput
 from .ngram import NgramProposer
 from .rejection_sampler import draft_probs_from_logits

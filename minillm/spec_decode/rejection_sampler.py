@@ -37,7 +37,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from minillm.sampling import SamplingParams, compute_probs, exponential_race
+from minillm.sampling import compute_probs, exponential_race
+from minillm.sampling_params import SamplingParams
 
 Generators = torch.Generator | Sequence[torch.Generator | None] | None
 

@@ -15,7 +15,7 @@ import torch
 
 import adapters
 from minillm.request import Request, RequestStatus
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 from minillm.course import quiz
 
 pytestmark = pytest.mark.exercises

@@ -12,7 +12,7 @@ import pytest
 import adapters
 from minillm.course import quiz
 from minillm.request import Request, RequestStatus
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.exercises
 

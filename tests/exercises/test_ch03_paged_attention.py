@@ -255,7 +255,7 @@ def test_paged_decode_attention_ignores_garbage_and_unused_table_entries():
 
 def test_choose_victim_is_the_newest_and_leaves_the_list_alone():
     from minillm.request import Request
-    from minillm.sampling import SamplingParams
+    from minillm.sampling_params import SamplingParams
 
     running = [Request(str(i), [1, 2], SamplingParams(max_tokens=4)) for i in range(4)]
     before = list(running)

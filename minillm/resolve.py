@@ -1,0 +1,66 @@
+"""An ``EngineConfig`` resolved for a model on this machine: ``resolve(config, model_config)``.
+
+``config.py`` validates options as plain values; what depends on the hardware is decided
+here, one layer up, where the device, the kernels and the model can be asked: the placement
+(device, dtype, attention backend), whether the linears are packed for oneDNN, whether the
+step can be compiled, and how many KV blocks fit the budget. ``build_engine``, the benchmark
+and the simulator all call this one function, so they cannot disagree on a default.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import placement
+from .block_manager import num_blocks_from_budget
+from .compiled import check_compile
+from .config import EngineConfig, ModelConfig, ResolvedConfig
+from .model import can_pack_weights, packs_by_default
+
+
+def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
+    """Fill in ``config``'s defaults for ``model_config``; raise ValueError if it cannot run."""
+    place = placement.resolve(config.device, config.dtype, config.attention_backend)
+    if config.cuda_graphs and place.device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device, but this engine runs on {place.device}: "
+                         "pass device='cuda' on a GPU machine, or cuda_graphs=False")
+    if config.cuda_graphs and place.attention_backend != "triton":
+        raise ValueError(f"cuda_graphs=True needs attention_backend='triton' (the torch backend plans each step "
+                         f"on the host, which a graph cannot replay), got {place.attention_backend!r}")
+    pack = _resolve_pack_weights(config.pack_weights, place)
+    if config.compile:
+        check_compile(place.device, place.attention_backend)
+    max_model_len = config.max_model_len or model_config.max_position_embeddings
+    if max_model_len > model_config.max_position_embeddings:
+        raise ValueError(f"max_model_len must be at most the model's context length "
+                         f"{model_config.max_position_embeddings}, got {max_model_len}")
+    seqs = 1 if config.engine == "simple" else config.max_num_seqs
+    budget = config.max_num_batched_tokens or max(max_model_len, config.max_num_seqs)
+    kv_bytes = model_config.kv_bytes_per_token(place.dtype.itemsize)
+    if config.engine == "paged":
+        # Size the cache in blocks from whichever budget was given (default: the bytes
+        # the contiguous engine reserves).
+        block_size = config.block_size
+        num_blocks = num_blocks_from_budget(
+            block_size=block_size, max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
+            kv_bytes_per_token=kv_bytes, num_blocks=config.num_blocks, kv_cache_bytes=config.kv_cache_bytes)
+    else:
+        block_size, num_blocks = max_model_len, seqs
+    return ResolvedConfig(config.engine, max_model_len, seqs, budget, block_size, num_blocks, kv_bytes, place, pack,
+                          config.compile)
+
+
+def _resolve_pack_weights(option: bool | None, place: Any) -> bool:
+    """None: packed where it was measured to pay, float32 on an x86 CPU; True: packed or a ValueError."""
+    if option is False:
+        return False
+    if place.device.type != "cpu":
+        if option:
+            raise ValueError(f"pack_weights=True lays weights out for oneDNN on the CPU, but this engine runs on "
+                             f"{place.device}: pass pack_weights=None or False")
+        return False
+    if option is None:
+        return packs_by_default(place.dtype)
+    if not can_pack_weights(place.dtype):
+        raise ValueError(f"pack_weights=True: this torch build or CPU cannot run oneDNN's packed linear in "
+                         f"{place.dtype}; pass pack_weights=None or False")
+    return True
