@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from minillm.bench import compare
+from minillm.bench import compare, vllm_runner
 
 TINY = ["--dummy-weights", "--workload", "uniform", "--num-requests", "2", "--workload-param", "prompt_len=8",
         "--workload-param", "output_len=3", "--max-num-seqs", "2", "--no-progress", "--threads", "1"]
@@ -17,7 +17,7 @@ def _no_run(monkeypatch):
     def must_not_run(*args, **kwargs):
         raise AssertionError("the benchmark ran although vLLM is missing")
 
-    monkeypatch.setattr(bench, "run_benchmark", must_not_run)
+    monkeypatch.setattr(compare, "run_benchmark", must_not_run)
 
 
 def test_no_vllm_is_one_line_and_status_2(tmp_path, monkeypatch, capsys):
@@ -36,7 +36,7 @@ def test_no_vllm_is_one_line_and_status_2(tmp_path, monkeypatch, capsys):
 
 def test_a_python_without_vllm_is_refused_before_the_run(monkeypatch, capsys):
     monkeypatch.setenv("MINILLM_VLLM_PYTHON", sys.executable)  # this venv has no vllm (never a requirement)
-    if compare._imports_vllm(sys.executable):
+    if vllm_runner._imports_vllm(sys.executable):
         pytest.skip("this Python has vllm")
     _no_run(monkeypatch)
     with pytest.raises(SystemExit) as e:
@@ -78,17 +78,17 @@ def test_find_vllm_python_order(tmp_path, monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    monkeypatch.setattr(bench, "repo_root", lambda: tmp_path)
+    monkeypatch.setattr(vllm_runner, "repo_root", lambda: tmp_path)
     monkeypatch.delenv("MINILLM_VLLM_PYTHON", raising=False)
-    with pytest.raises(compare.VllmNotFound, match="vLLM is not installed: run `make peer-vllm`"):
-        compare.find_vllm_python()
+    with pytest.raises(vllm_runner.VllmNotFound, match="vLLM is not installed: run `make peer-vllm`"):
+        vllm_runner.find_vllm_python()
     local = tmp_path / ".venv-vllm" / "bin" / "python"
     local.parent.mkdir(parents=True)
     _fake_python(local)
-    assert compare.find_vllm_python() == str(local)
+    assert vllm_runner.find_vllm_python() == str(local)
     other = _fake_python(tmp_path / "other-python")
     monkeypatch.setenv("MINILLM_VLLM_PYTHON", str(other))  # the variable comes first
-    assert compare.find_vllm_python() == str(other)
+    assert vllm_runner.find_vllm_python() == str(other)
 
 
 def test_dtype_reaches_every_engine(tmp_path, monkeypatch):
@@ -124,7 +124,7 @@ def test_vllm_result_through_a_fake_runner(tmp_path, monkeypatch, capsys):
 
     record = tmp_path / "job-seen.json"
     monkeypatch.setenv("MINILLM_VLLM_PYTHON", str(_fake_python(tmp_path / "fake-python", record)))
-    monkeypatch.setattr(bench, "vllm_model_dir", lambda dummy_weights=False: tmp_path / "model")
+    monkeypatch.setattr(compare, "vllm_model_dir", lambda dummy_weights=False: tmp_path / "model")
     wl = make_workload("uniform", 2, 0, None, prompt_len=8, output_len=3)
     ref = compare.run_benchmark(["continuous"], wl, max_num_seqs=2, dummy_weights=True, progress=False)[0]
     # vLLM "agrees" on the first request only.
@@ -157,7 +157,7 @@ def test_vllm_result_through_a_fake_runner(tmp_path, monkeypatch, capsys):
 def test_chunked_prefill_runs_beside_vllm_and_is_refused_beside_other_engines(tmp_path, monkeypatch):
     """vLLM always mixes prompt chunks into decode steps: paged,vllm with the flag compares one policy."""
     monkeypatch.setenv("MINILLM_VLLM_PYTHON", str(_fake_python(tmp_path / "fake-python")))
-    monkeypatch.setattr(bench, "vllm_model_dir", lambda dummy_weights=False: tmp_path / "model")
+    monkeypatch.setattr(compare, "vllm_model_dir", lambda dummy_weights=False: tmp_path / "model")
     out = tmp_path / "b.json"
     assert compare.main(["--engine", "paged,vllm", "--enable-chunked-prefill", *TINY, "--json", str(out)]) == 0
     got = json.loads(out.read_text())
@@ -173,7 +173,7 @@ def test_peer_replay_loop_with_a_fake_engine(capsys):
     import importlib.util
     from types import SimpleNamespace as NS
 
-    spec = importlib.util.spec_from_file_location("vllm_peer", compare.VLLM_PEER)
+    spec = importlib.util.spec_from_file_location("vllm_peer", vllm_runner.VLLM_PEER)
     peer = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(peer)  # stdlib only at import: vllm is imported inside main()
 
@@ -216,7 +216,7 @@ def test_the_model_folder_for_vllm_is_written_once(tmp_path, monkeypatch):
     from minillm.config import ModelConfig
 
     monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
-    folder = compare.vllm_model_dir(dummy_weights=True)
+    folder = vllm_runner.vllm_model_dir(dummy_weights=True)
     assert folder.parent == tmp_path and (folder / "config.json").is_file()
     assert json.loads((folder / loader.FOLDER_MARK).read_text())["source"].startswith("minillm dummy weights")
     saved = load_file(str(folder / "model.safetensors"))
@@ -229,10 +229,10 @@ def test_the_model_folder_for_vllm_is_written_once(tmp_path, monkeypatch):
         raise AssertionError("the complete folder was written again")
 
     monkeypatch.setattr(loader, "hf_model_from_weights", must_not_write)
-    assert compare.vllm_model_dir(dummy_weights=True) == folder
+    assert vllm_runner.vllm_model_dir(dummy_weights=True) == folder
 
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     monkeypatch.setenv("MINILLM_CACHE", str(blocked / "cache"))
     with pytest.raises(OSError, match="MINILLM_CACHE"):
-        compare.vllm_model_dir(dummy_weights=True)
+        vllm_runner.vllm_model_dir(dummy_weights=True)

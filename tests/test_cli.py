@@ -52,7 +52,7 @@ def _bench_fails_before_running(argv, monkeypatch, capsys):
     def must_not_run(*args, **kwargs):
         raise AssertionError("the benchmark ran before its arguments were checked")
 
-    monkeypatch.setattr(bench, "run_benchmark", must_not_run)
+    monkeypatch.setattr(compare, "run_benchmark", must_not_run)
     with pytest.raises(SystemExit) as e:
         compare.main(argv + ["--dummy-weights", "--num-requests", "2"])
     assert e.value.code == 2

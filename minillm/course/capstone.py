@@ -23,14 +23,13 @@ import argparse
 import ast
 import importlib
 import inspect
-import sys
 import textwrap
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from minillm import seams
-from minillm.course.grading import ROOT, IMPLS
+from minillm.course.grading import IMPLS
 
 
 @dataclass(frozen=True)
@@ -109,9 +108,7 @@ def load_functions(impl: str, piece: Piece) -> tuple[dict[str, Callable], list[s
     """The piece's functions from ``impl``/ (exercises or solutions), and the names still stubs."""
     if impl not in IMPLS:
         raise ValueError(f"--impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    module = importlib.import_module(f"{impl}.{piece.chapter}")
+    module = importlib.import_module(f"{impl}.{piece.chapter}")  # installed with minillm (pyproject.toml)
     fns, missing = {}, []
     for name in piece.functions:
         fn = getattr(module, name, None)
@@ -138,7 +135,7 @@ def _schedule(engine) -> list[tuple]:
 
 
 def _run_engine(lab, options: dict, prompts: list[list[int]]):
-    from minillm.sampling import SamplingParams
+    from minillm.sampling_params import SamplingParams
 
     eng = lab.engine(**options)
     reqs = [eng.make_request(p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
@@ -197,7 +194,7 @@ def run_piece(lab, piece: Piece, impl: str, prompts: list[list[int]],
     try:
         if piece.chapter.startswith("ch00"):
             eng = lab.engine("continuous", max_num_seqs=1)
-            from minillm.sampling import SamplingParams
+            from minillm.sampling_params import SamplingParams
 
             t0 = time.perf_counter()
             ref = [o.token_ids for o in eng.run([eng.make_request(p, SamplingParams(

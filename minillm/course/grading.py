@@ -33,8 +33,7 @@ def impl() -> str:
 
 
 def _module(package: str, chapter: str):
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
+    """``exercises.chNN_...`` or ``solutions.chNN_...``: both are installed with minillm (pyproject.toml)."""
     return importlib.import_module(f"{package}.{chapter}")
 
 
@@ -110,7 +109,7 @@ def replay_schedule_step(schedule_step: Callable, prompt_lens: list[int], output
     workload with a fake forward; returns each step's rows as (request id, tokens fed),
     the same shape as the engine's step records, to compare with the real scheduler."""
     from minillm.request import Request, RequestStatus
-    from minillm.sampling import SamplingParams
+    from minillm.sampling_params import SamplingParams
 
     waiting = deque(Request(str(i), [5] * p, SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True),
                             arrival_time=0.0)
