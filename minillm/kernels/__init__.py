@@ -1,20 +1,31 @@
-"""Triton kernels for minillm.
+"""minillm's kernels: Triton kernels for CUDA, their warm-up, and the CPU backend's C++.
 
-Each kernel lives in its own file and reads top to bottom as a small lesson:
-what it computes, the Triton kernel, a host wrapper that validates inputs, a
-plain-PyTorch oracle (``*_ref``) used by the tests, and a ``bench()`` helper.
+Triton kernels, one per file, each read top to bottom as a small lesson: what it
+computes, the @triton.jit kernel, a host wrapper that validates its inputs, a
+plain-PyTorch oracle (``*_ref``) the tests compare it with, and a ``bench()`` helper.
 
-Triton is optional: without it (or without a GPU, unless TRITON_INTERPRET=1 is
-set) the ``*_ref`` oracles still import and run, while the Triton wrappers
-raise a clear error when called.
+    rmsnorm.py                   rms_norm, fused_add_rms_norm (residual add + RMSNorm)
+    store_kv.py                  store_kv: write a step's K/V into the paged cache
+    paged_decode_attention.py    paged_decode_attention: one query per sequence, split-K
+    paged_prefill_attention.py   paged_prefill_attention: many queries per sequence, causal
+    _common.py                   HAS_TRITON, the target GPUs (GpuSpec, A100, H100), input checks
 
-``minillm.kernels.aot`` compiles every kernel, in every launch configuration the engine
-reaches, for sm_80 and sm_90 without a GPU (``python -m minillm.kernels.aot``), and
-``warmup(model_config, dtype, block_size, device)`` compiles those variants on a
-GPU before serving (a no-op elsewhere).
+Triton is optional: without it (or without a GPU, unless TRITON_INTERPRET=1 is set) the
+``*_ref`` oracles still import and run, while the Triton wrappers raise a clear error.
 
-One kernel is not Triton: ``cpu_attention`` is the CPU's decode attention in C++ (the
-``cpu`` attention backend), compiled on first use with the system's C++ compiler.
+    warmup.py   ``warmup(model_config, dtype, block_size, device)`` makes every kernel
+                launch an engine can make once before serving, so that Triton compiles
+                each variant up front and none in a request (a no-op off CUDA)
+
+    cpu/        the ``cpu`` attention backend: C++ sources, their build (with the system's
+                C++ compiler, on first use, cached) and ctypes bindings. Not imported
+                here; import it from ``minillm.kernels.cpu``.
+
+The ahead-of-time audit -- every variant compiled for sm_80 and sm_90 on a machine
+without a GPU, checked for shared memory and register spills -- is a developer tool
+outside the package: ``python tools/aot_audit.py``.
+
+This package imports nothing else from minillm.
 """
 
 from ._common import A100, H100, HAS_TRITON, GpuSpec
@@ -22,21 +33,7 @@ from .rmsnorm import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_n
 from .store_kv import store_kv, store_kv_ref
 from .paged_decode_attention import paged_decode_attention, paged_decode_attention_ref
 from .paged_prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
-
-
-def warmup(model_config, dtype, block_size: int, device, **options) -> int:
-    """Compile every kernel variant an engine can reach before serving; 0 and a no-op off CUDA.
-
-    warmup(model_config, dtype, block_size, device, *, max_num_seqs=256,
-           max_model_len=None, progress=True) -> number of variants launched
-
-    See minillm.kernels.aot.warmup for the arguments. (Imported lazily, so that
-    ``python -m minillm.kernels.aot`` does not find minillm.kernels.aot imported already.)
-    """
-    from .aot import warmup as _warmup
-
-    return _warmup(model_config, dtype, block_size, device, **options)
-
+from .warmup import warmup  # the function: minillm.kernels.warmup is the function from here on
 
 __all__ = [
     "HAS_TRITON",

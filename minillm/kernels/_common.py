@@ -40,7 +40,7 @@ def check(cond: bool, msg: str) -> None:
 
 def check_device(name: str, *tensors: torch.Tensor) -> None:
     """All tensors must live on one device; on CPU that only works in the interpreter
-    (or while minillm.kernels.aot records launches for a GPU target: nothing runs then)."""
+    (or while tools/aot_capture.py records launches for a GPU target: nothing runs then)."""
     devices = {t.device for t in tensors}
     check(len(devices) == 1, f"{name}: all tensors must be on the same device, got {sorted(map(str, devices))}")
     dev = tensors[0].device
@@ -76,7 +76,7 @@ class GpuSpec:
 A100 = GpuSpec("A100-SXM4", 80, 108, 163 * 1024)
 H100 = GpuSpec("H100/H200-SXM", 90, 132, 227 * 1024)
 
-# Set only by minillm.kernels.aot while it records the launches the wrappers would make on
+# Set only by tools/aot_capture.py while it records the launches the wrappers would make on
 # this GPU (CPU tensors, fake driver, nothing runs). None otherwise.
 _aot_target: GpuSpec | None = None
 
@@ -84,7 +84,7 @@ _aot_target: GpuSpec | None = None
 def planning_gpu(device: torch.device) -> GpuSpec | None:
     """The GPU a wrapper plans its launch for; None means the CPU interpreter.
 
-    A CUDA tensor's own device, or the target minillm.kernels.aot is compiling for.
+    A CUDA tensor's own device, or the target tools/aot_audit.py is compiling for.
     """
     if _aot_target is not None:
         return _aot_target

@@ -17,6 +17,7 @@ TRITON_INTERPRET=1 in the environment or in a top-level conftest instead).
 
 import math
 import os
+import sys
 
 import pytest
 import torch
@@ -27,6 +28,12 @@ if not torch.cuda.is_available():
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
 _HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The AOT audit is a developer tool outside the package (tools/aot_audit.py and its
+# aot_capture.py): test_aot.py imports its helpers from there.
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "tools")
+if TOOLS not in sys.path:
+    sys.path.insert(0, TOOLS)
 
 
 def _interpreter_ready() -> bool:

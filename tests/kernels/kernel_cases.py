@@ -1,7 +1,7 @@
 """The kernel tests' launch configurations, in one place.
 
 The test modules parametrize over these lists, and the AOT tier (test_aot.py runs
-``python -m minillm.kernels.aot --extra <this file>``) compiles every launch they make for
+``python tools/aot_audit.py --extra <this file>``) compiles every launch they make for
 sm_80 and sm_90 -- the interpreter cases too: on a GPU machine they run compiled,
 with the GPU tile sizes. Add a case here, not inline in a test, so both see it.
 
@@ -62,16 +62,16 @@ PREFILL_EQUALS_DECODE_GPU = (16, 2, 64, 16, [1, 16, 700, 4000])
 
 
 # ----------------------------------------------------------------------------
-# For the AOT tier: the same launches as minillm.kernels.aot.Launch objects
+# For the AOT tier: the same launches as minillm.kernels.warmup.Launch objects
 # ----------------------------------------------------------------------------
 
 
 def launches():
-    """Every wrapper call the kernel tests make, as minillm.kernels.aot.Launch (CPU tensors
+    """Every wrapper call the kernel tests make, as minillm.kernels.warmup.Launch (CPU tensors
     with the tests' dtypes, shapes and strides; values never matter: nothing runs)."""
     import importlib
 
-    from minillm.kernels.aot import Launch, dtype_name
+    from minillm.kernels.warmup import Launch, dtype_name
 
     rms = importlib.import_module("minillm.kernels.rmsnorm")
     skv = importlib.import_module("minillm.kernels.store_kv")
