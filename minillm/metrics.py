@@ -1,7 +1,11 @@
-"""Step records: what each engine step did, written by the engine after every step.
+"""Step records: what each engine step did, written by the engine after every step; and
+the engine's snapshot: its state between two steps, as plain numbers.
 
-The numbers built from them (slot utilization, KV waste, latency percentiles) and their
-definitions are in ``minillm/bench/summary.py``.
+The numbers built from step records (slot utilization, KV waste, latency percentiles) and
+their definitions are in ``minillm/bench/summary.py``. ``EngineSnapshot`` is what every
+reader of the live engine gets (``LLMEngine.snapshot()``): ``AsyncLLM``, the server's
+``/metrics`` and the dashboard's ``EngineSource``. A leaf: nothing here imports torch or
+any other part of minillm.
 """
 from __future__ import annotations
 
@@ -55,6 +59,51 @@ class StepRecord:
         return self.num_tokens / self.token_slots if self.token_slots else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """The engine's state at one moment, as plain numbers (``LLMEngine.snapshot()``).
+
+    Taken between two steps by the thread that steps the engine, or from another thread
+    while it steps (then a state during a step: each number is read once, not all at one
+    instant). Counters are cumulative over the life of the object that holds them; the
+    ``*_owner`` fields say which object that is (its ``id``), so a reader can tell a
+    counter that restarted from zero (another engine, ``Speculator.reset_stats``) from one
+    that stood still.
+    """
+
+    time: float  # the engine's clock when taken
+    num_steps: int  # step records kept (AsyncLLM trims them in a long-running server)
+    num_running: int
+    num_waiting: int  # queued, arrived or not
+    running_by_class: dict[str, int]  # priority class -> requests (chapter 6: "standard" without priorities)
+    waiting_by_class: dict[str, int]
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_blocks_cached: int  # holding a cached prefix, in use or evictable (0 without prefix caching)
+    num_preemptions: int
+    preemptions_owner: int  # id() of the scheduler counting them
+    last_step_rows: int  # rows of the latest step that ran (0 before the first)
+    last_step_end: float | None  # when it ended (engine clock), None before the first
+    spec_num_drafts: int | None = None  # drafted tokens sent to verification; None: no speculation
+    spec_num_accepted: int | None = None
+    spec_acceptance_rate: float | None = None  # None also before the first verification
+    spec_owner: int | None = None  # id() of the SpecStats counting them
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV blocks in use."""
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+def count_classes(requests: Iterable[Any]) -> dict[str, int]:
+    """Priority class -> how many of ``requests`` (``Request.metrics.priority_class``)."""
+    counts: dict[str, int] = {}
+    for r in requests:
+        c = r.metrics.priority_class
+        counts[c] = counts.get(c, 0) + 1
+    return counts
+
+
 def slot_accounting(num_new_tokens: Sequence[int], num_slots: int,
                     padded_width: int | None = None) -> tuple[int, int, int]:
     """(token_slots, padded_tokens, idle_slots) of one step.
@@ -97,7 +146,7 @@ def record_step(step: int, start: float, end: float, out: Any, num_sampled: int,
     slots, padded, idle = slot_accounting(new, scheduler.max_num_seqs, out.padded_width)
     holders = list(scheduler.kv_holders)
     reserved, used = kv_usage(holders, block_size, kv_bytes_per_token)
-    bm = getattr(scheduler, "block_manager", None)
+    bm = scheduler.block_manager
     running_ids = {row.request.request_id for row in rows}
     ctx = [row.request.num_computed_tokens for row in rows]  # after update: this step's tokens included
     return StepRecord(
@@ -107,11 +156,9 @@ def record_step(step: int, start: float, end: float, out: Any, num_sampled: int,
         context_tokens=sum(ctx), max_context=max(ctx, default=0),
         kv_reserved_bytes=reserved, kv_used_bytes=used,
         held_ids=[r.request_id for r in holders if r.request_id not in running_ids and r.is_finished],
-        prefill_tokens_requested=getattr(out, "prefill_tokens_requested", 0),
-        prefix_hit_tokens=getattr(out, "prefix_hit_tokens", 0),
-        num_cached_blocks=getattr(bm, "num_cached_blocks", 0),
-        num_evictable_blocks=getattr(bm, "num_evictable_blocks", 0),
+        prefill_tokens_requested=out.prefill_tokens_requested, prefix_hit_tokens=out.prefix_hit_tokens,
+        num_cached_blocks=bm.num_cached_blocks, num_evictable_blocks=bm.num_evictable_blocks,
     )
 
 
-__all__ = ["StepRecord", "slot_accounting", "kv_usage", "record_step"]
+__all__ = ["StepRecord", "EngineSnapshot", "count_classes", "slot_accounting", "kv_usage", "record_step"]

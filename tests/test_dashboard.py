@@ -15,7 +15,7 @@ from minillm.config import EngineConfig, ModelConfig
 from minillm.engine import build_engine
 from minillm.viz.dashboard import (Dashboard, EngineSource, MetricsSource, Sample, headline, histogram_quantile,
                                    measure_overhead, parse_metrics, series)
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 
 TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_position_embeddings=256)
@@ -125,9 +125,11 @@ def _panel_data(rng, scale, lines=1):
 
 
 def test_live_lines_are_the_pixels_matplotlib_draws():
-    """The frame's lines go straight to the renderer as paths; the oracle is matplotlib's own
-    ``ax.draw_artist(line)``. Includes lines past the y limit (clipped), points older than
-    the window, a one-point line (nothing to draw) and a long one (thinned)."""
+    """A frame is the restored background with each panel's lines drawn from their visible
+    window, nothing else: redone by hand from the data (``_visible`` + ``ax.draw_artist``), the
+    pixels are the same. A frame that drew stale, unwindowed or missing lines would differ.
+    Includes lines past the y limit (clipped), points older than the window, a one-point line
+    (nothing to draw) and a long one (thinned)."""
     import numpy as np
 
     from minillm.viz.dashboard import MAX_LINES, LivePanel
@@ -157,11 +159,11 @@ def test_a_growing_axis_repaints_what_a_full_draw_would():
     panel that copies the first one's strips."""
     import numpy as np
 
-    from minillm.viz import dashboard
+    from minillm.viz import panel as panel_module
     from minillm.viz.dashboard import LivePanel
 
     # The second panel grows the same way: its unchanged-legend strips are the first one's, copied.
-    dashboard._AXIS_STRIPS.clear()
+    panel_module._AXIS_STRIPS.clear()
     for second in (False, True):
         rng = np.random.default_rng(1)
         panel = LivePanel()
@@ -344,6 +346,31 @@ def test_counters_stay_cumulative_when_the_engine_resets_them():
     assert first > 0 and second == first + eng.spec_stats.num_drafts
     source.engine = tiny_engine(speculative=spec)  # a sweep moves on to the next engine
     assert source.poll().spec_drafts == second
+
+
+def test_engine_snapshot_is_what_the_source_reads():
+    """``LLMEngine.snapshot()``: plain numbers (the module that defines it imports no torch),
+    the same the engine's own objects hold, and the numbers EngineSource samples."""
+    import subprocess
+    import sys
+
+    code = "import minillm.metrics, sys; assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    eng = tiny_engine(num_blocks=10, block_size=16)
+    snap = eng.snapshot()
+    assert (snap.num_steps, snap.last_step_rows, snap.last_step_end, snap.spec_num_drafts) == (0, 0, None, None)
+    reqs = requests(eng, 6, 40)
+    for r in reqs:
+        eng.scheduler.add(r)
+    eng.step()
+    snap, s, bm = eng.snapshot(), eng.scheduler, eng.scheduler.block_manager
+    assert (snap.num_running, snap.num_waiting) == (len(s.running), len(s.waiting)) and snap.num_running >= 1
+    assert snap.waiting_by_class == s.num_waiting_by_class() and sum(snap.running_by_class.values()) == snap.num_running
+    assert (snap.kv_blocks_total, snap.kv_blocks_used) == (10, 10 - bm.num_free_blocks) and snap.kv_blocks_used > 0
+    assert snap.last_step_rows == eng.step_records[-1].num_rows and snap.kv_usage == snap.kv_blocks_used / 10
+    sample = EngineSource(eng).poll()
+    assert (sample.kv_blocks_used, sample.kv_blocks_total, sample.batch_size) == (snap.kv_blocks_used, 10,
+                                                                                snap.last_step_rows)
 
 
 @pytest.mark.slow

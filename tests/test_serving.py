@@ -418,6 +418,34 @@ def test_metrics_parse_as_prometheus_text_and_count_tokens(server, client):
 
 
 @slow
+def test_metrics_names_are_the_declared_ones_and_engine_state_is_the_snapshot(server, client):
+    """Every family /metrics exports is named in minillm/serving/prometheus.py (where the
+    dashboard reads the names too), and the engine's numbers are those of its snapshot."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from minillm.metrics import EngineSnapshot
+    from minillm.serving import prometheus
+
+    client.completions.create(model=MODEL, prompt=SHORT[0], max_tokens=3, temperature=0)
+    wait_engine_idle(server.llm)
+    declared = {v for k, v in vars(prometheus).items() if k.isupper() and isinstance(v, str) and v.startswith("minillm_")}
+    page = httpx.get(server.url + "/metrics", timeout=10).text
+    # prometheus_client adds each counter's and histogram's creation time, read back as a family of its own
+    exported = {f.name.removesuffix("_created") for f in text_string_to_metric_families(page)}
+    assert exported and exported <= declared, exported - declared
+    deadline = time.monotonic() + 10  # the engine thread takes its snapshot just after it publishes the outputs
+    while server.llm.stats.num_running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    snap = server.llm.stats
+    assert isinstance(snap, EngineSnapshot)
+    bm = server.llm.engine.scheduler.block_manager
+    assert (snap.kv_blocks_total, snap.kv_blocks_used, snap.num_running, snap.num_waiting) == (bm.num_blocks, 0, 0, 0)
+    after = _scrape(server)
+    assert after[("minillm_kv_cache_blocks_total", ())] == snap.kv_blocks_total
+    assert after[("minillm_num_preemptions_total", ())] == snap.num_preemptions
+
+
+@slow
 def test_metrics_show_requests_in_flight(server):
     """While a long request runs, /metrics shows it running and holding blocks."""
     done = threading.Event()

@@ -48,20 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-DEFAULT_PROMPTS = [  # as minillm/bench/workload.py's PROMPTS: short instructions
-    "Explain how a rainbow forms.",
-    "Write a short poem about the sea.",
-    "What are three tips for learning a new language?",
-    "Describe the water cycle to a ten-year-old.",
-    "Give me a recipe for a simple tomato soup.",
-    "Why is the sky blue during the day?",
-    "Summarize the plot of a detective story in a few sentences.",
-    "List some good habits for staying healthy.",
-    "How does a bicycle stay upright when it moves?",
-    "Tell me a story about a robot who learns to paint.",
-    "What is the difference between weather and climate?",
-    "Write a friendly email inviting a colleague to lunch.",
-]
+from minillm.bench.prompts import INSTRUCTIONS
+
+DEFAULT_PROMPTS = INSTRUCTIONS[:12]  # short instructions: the first twelve of bench/prompts.py's
 
 
 @dataclass(slots=True)

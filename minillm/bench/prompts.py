@@ -1,4 +1,10 @@
-"""Two kinds of traffic for speculative decoding, as chat prompts.
+"""The prompt sets: short instructions, and two kinds of traffic for speculative decoding.
+
+* ``INSTRUCTIONS``: short requests ("Explain how a rainbow forms."): the load generator's
+  default prompts (``loadgen.py``, the first twelve) and the questions of the synthetic
+  workloads' prompts (``workload.py``'s ``PROMPTS``, all of them).
+
+Chapter 5's two sets, as chat prompts:
 
 * ``grounded``: the answer copies from the prompt -- repeat a passage, fix typos or
   grammar in it, quote a sentence, edit code, summarize by quoting. Prompt lookup
@@ -10,6 +16,25 @@
 ids; the tasks cycle when n is larger than the list.
 """
 from __future__ import annotations
+
+INSTRUCTIONS = [
+    "Explain how a rainbow forms.",
+    "Write a short poem about the sea.",
+    "What are three tips for learning a new language?",
+    "Describe the water cycle to a ten-year-old.",
+    "Give me a recipe for a simple tomato soup.",
+    "Why is the sky blue during the day?",
+    "Summarize the plot of a detective story in a few sentences.",
+    "List some good habits for staying healthy.",
+    "How does a bicycle stay upright when it moves?",
+    "Tell me a story about a robot who learns to paint.",
+    "What is the difference between weather and climate?",
+    "Write a friendly email inviting a colleague to lunch.",
+    "How do plants turn sunlight into food?",
+    "Suggest a plan for a weekend trip to the mountains.",
+    "Explain what a computer program is.",
+    "Why do cats purr?",
+]
 
 _LIGHTHOUSE = (
     "The old lighthouse stood at the end of a narrow stone pier. For more than a hundred years its keepers "
@@ -72,4 +97,4 @@ def chat_prompts(tokenizer, name: str, n: int | None = None) -> list[list[int]]:
     return out
 
 
-__all__ = ["GROUNDED", "OPEN", "TASKS", "chat_prompts"]
+__all__ = ["INSTRUCTIONS", "GROUNDED", "OPEN", "TASKS", "chat_prompts"]

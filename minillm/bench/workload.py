@@ -51,29 +51,14 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from minillm.bench.prompts import INSTRUCTIONS
 from minillm.sampling_params import SamplingParams
 
 ARRIVALS = ("offline", "poisson")
 
-# A small prompt set: instructions, and a passage used as context to lengthen prompts.
-PROMPTS = [
-    "Explain how a rainbow forms.",
-    "Write a short poem about the sea.",
-    "What are three tips for learning a new language?",
-    "Describe the water cycle to a ten-year-old.",
-    "Give me a recipe for a simple tomato soup.",
-    "Why is the sky blue during the day?",
-    "Summarize the plot of a detective story in a few sentences.",
-    "List some good habits for staying healthy.",
-    "How does a bicycle stay upright when it moves?",
-    "Tell me a story about a robot who learns to paint.",
-    "What is the difference between weather and climate?",
-    "Write a friendly email inviting a colleague to lunch.",
-    "How do plants turn sunlight into food?",
-    "Suggest a plan for a weekend trip to the mountains.",
-    "Explain what a computer program is.",
-    "Why do cats purr?",
-]
+# A small prompt set: instructions (minillm/bench/prompts.py), and a passage used as context to
+# lengthen prompts.
+PROMPTS = INSTRUCTIONS
 
 PASSAGE = (
     "The old lighthouse stood at the end of a narrow stone pier. For more than a hundred "

@@ -1,8 +1,10 @@
-"""Serving online: a streaming engine front, an OpenAI-compatible server, a load generator.
+"""Serving online: a streaming engine front and an OpenAI-compatible server.
 
     async_llm.py   AsyncLLM: the step loop in a background thread, requests as async streams
     server.py      the HTTP server (FastAPI + uvicorn): /v1/completions, /v1/chat/completions, /metrics
-    load.py        an open-loop load generator that speaks only the OpenAI API
+    prometheus.py  the /metrics exposition: every metric name declared once, its collector
+
+The load generator speaks only HTTP and lives with the measuring kit (``minillm.bench.loadgen``).
 
 Imported lazily: ``from minillm.serving.server import serve_in_background``.
 """

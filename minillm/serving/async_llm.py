@@ -38,8 +38,9 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from ..engine import LLMEngine, RequestOutput, build_engine
 from ..inputs import parse_conversation
+from ..metrics import EngineSnapshot
 from ..request import Request
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 
 # A params factory gets the prompt's token count and returns the SamplingParams: the
 # server uses it to default max_tokens to the room left in the context, which it can only
@@ -114,8 +115,10 @@ def _merge(a: StreamOutput, b: Any) -> Any:
 class AsyncLLM:
     """An asyncio front over one ``LLMEngine``; its step loop runs in a background thread.
 
-    ``engine`` is public: metrics, dashboards and tests read its scheduler and step
-    records (reads from another thread see a state between two steps, or during one).
+    ``stats`` is the engine's snapshot (``EngineSnapshot``: queues, KV blocks, counters),
+    taken by the engine thread after each step; the server's ``/metrics`` reads it.
+    ``engine`` is public too: tests read its scheduler and step records (reads from
+    another thread see a state between two steps, or during one).
     ``keep_step_records`` bounds ``engine.step_records`` in a long-running server: when
     it grows past that, the oldest half is dropped.
     """
@@ -134,7 +137,7 @@ class AsyncLLM:
         self._stopping = False
         self._error: BaseException | None = None  # a step that raised: every later request fails with it
         self._make_request_takes_priority = "priority" in inspect.signature(engine.make_request).parameters
-        self.stats: dict[str, Any] = self._snapshot()
+        self.stats: EngineSnapshot = engine.snapshot()  # the engine's state after the last step
         self._thread = threading.Thread(target=self._loop, name="minillm-engine", daemon=True)
         self._thread.start()
 
@@ -306,7 +309,7 @@ class AsyncLLM:
             for cmd in commands:
                 cmd()
             if not (self._streams and engine.has_unfinished()):
-                self.stats = self._snapshot()
+                self.stats = engine.snapshot()
                 continue
             num_records = len(engine.step_records)
             try:
@@ -320,7 +323,7 @@ class AsyncLLM:
                 time.sleep(0.001)  # nothing was scheduled: do not spin on the GIL
             self._publish()
             self._trim_records()
-            self.stats = self._snapshot()
+            self.stats = engine.snapshot()
 
     def _add(self, stream: RequestStream, prompt: Any, messages: Any, params: Any, arrival: float,
              priority: Any) -> None:
@@ -379,39 +382,6 @@ class AsyncLLM:
         records, keep = self.engine.step_records, self.keep_step_records
         if keep is not None and len(records) > keep:
             del records[:len(records) - keep // 2]
-
-    def _snapshot(self) -> dict[str, Any]:
-        """Engine counters after the last step, read by /metrics and dashboards (plain numbers)."""
-        e = self.engine
-        s = e.scheduler
-        bm = s.block_manager
-        spec = e.spec_stats
-        cached = getattr(bm, "num_cached_blocks", None)
-        return {
-            "time": time.perf_counter(),
-            "num_steps": len(e.step_records),  # of the kept records
-            "num_running": len(s.running),
-            "num_waiting": len(s.waiting),
-            "num_in_flight": len(self._streams),
-            "kv_blocks_total": bm.num_blocks,
-            "kv_blocks_used": bm.num_blocks - bm.num_free_blocks,
-            "kv_blocks_cached": cached() if callable(cached) else cached,
-            "num_preemptions": s.num_preemptions,
-            # Queue depth per priority class, where requests carry one (chapter 6).
-            "waiting_by_class": _count_classes(s.waiting),
-            "running_by_class": _count_classes(s.running),
-            "spec": None if spec is None else {"num_drafts": spec.num_drafts, "num_accepted": spec.num_accepted,
-                                               "acceptance_rate": spec.acceptance_rate},
-        }
-
-
-def _count_classes(requests: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for r in list(requests):
-        c = getattr(r.metrics, "priority_class", None)
-        if c is not None:
-            counts[c] = counts.get(c, 0) + 1
-    return counts
 
 
 def chat_prompt_ids(tokenizer: Any, messages: Any) -> list[int]:

@@ -12,6 +12,7 @@ Routes:
     GET  /health                200 while the engine loop runs
     GET  /metrics               Prometheus text: queue depths, KV blocks, token counters,
                                 TTFT / ITL / end-to-end histograms, preemptions, speculation
+                                (names and exporter: ``prometheus.py``)
 
 Options: ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` (1 only),
 ``stream``, ``stream_options.include_usage``; extensions: ``top_k``, ``ignore_eos``
@@ -35,8 +36,9 @@ from typing import Any, AsyncIterator, Literal, Union
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
-from ..sampling import SamplingParams
-from .async_llm import AsyncLLM, RequestStream, StreamOutput, sampling_params_fields
+from ..sampling_params import SamplingParams
+from .async_llm import AsyncLLM, RequestStream, sampling_params_fields
+from .prometheus import ServingMetrics
 
 logger = logging.getLogger("minillm.serving")
 
@@ -137,122 +139,6 @@ def _unsupported(body: _Body) -> None:
             raise BadRequest(message, param, "unsupported_parameter")
 
 
-# -- metrics --------------------------------------------------------------------------------
-
-# Buckets for a CPU engine (tens of ms per token) up to a saturated GPU (ms): seconds.
-TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
-ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
-E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0)
-
-
-class ServingMetrics:
-    """Prometheus metrics of one server, in a registry of its own (two servers in one
-    process, as in the tests, do not share counters).
-
-    Engine state (queues, KV blocks, preemptions, speculation) is read from
-    ``AsyncLLM.stats`` when scraped; the request counters and latency histograms are
-    updated as outputs stream. Latencies are the engine's timestamps (arrival, each
-    token), the same definitions as ``RequestMetrics``.
-    """
-
-    def __init__(self, llm: AsyncLLM, model_name: str):
-        from prometheus_client import CollectorRegistry, Counter, Histogram
-
-        self.llm = llm
-        self.registry = reg = CollectorRegistry(auto_describe=True)
-        labels = {"model_name": model_name}
-        self.labels = labels
-        self.prompt_tokens = Counter("minillm_prompt_tokens", "Prompt tokens of admitted requests",
-                                     list(labels), registry=reg).labels(**labels)
-        self.generation_tokens = Counter("minillm_generation_tokens", "Output tokens streamed",
-                                         list(labels), registry=reg).labels(**labels)
-        self.request_success = Counter("minillm_request_success", "Finished requests, by finish reason",
-                                       [*labels, "finished_reason"], registry=reg)
-        self.request_errors = Counter("minillm_request_errors", "Requests rejected with an HTTP error, by status",
-                                      [*labels, "status"], registry=reg)
-        self.ttft = Histogram("minillm_time_to_first_token_seconds", "Arrival to first output token",
-                              list(labels), buckets=TTFT_BUCKETS, registry=reg).labels(**labels)
-        self.itl = Histogram("minillm_inter_token_latency_seconds", "Gap between consecutive output tokens",
-                             list(labels), buckets=ITL_BUCKETS, registry=reg).labels(**labels)
-        self.tpot = Histogram("minillm_time_per_output_token_seconds", "Mean gap after the first token, per request",
-                              list(labels), buckets=ITL_BUCKETS, registry=reg).labels(**labels)
-        self.e2e = Histogram("minillm_e2e_request_latency_seconds", "Arrival to last token",
-                             list(labels), buckets=E2E_BUCKETS, registry=reg).labels(**labels)
-        reg.register(_EngineCollector(llm, labels))
-
-    def observe(self, out: StreamOutput) -> None:
-        if out.token_ids:
-            self.generation_tokens.inc(len(out.token_ids))
-        if out.finished and out.output is not None:
-            self.request_success.labels(**self.labels, finished_reason=out.finish_reason).inc()
-            m = out.output.metrics
-            if m.ttft is not None:
-                self.ttft.observe(m.ttft)
-            for gap in m.itls:
-                self.itl.observe(gap)
-            if m.tpot is not None:
-                self.tpot.observe(m.tpot)
-            if m.e2e is not None:
-                self.e2e.observe(m.e2e)
-
-    def render(self) -> tuple[bytes, str]:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
-
-class _EngineCollector:
-    """Gauges and counters read from the engine's last snapshot at scrape time."""
-
-    def __init__(self, llm: AsyncLLM, labels: dict[str, str]):
-        self.llm, self.labels = llm, labels
-
-    def describe(self):
-        return []  # names depend on the engine's features (cached blocks, speculation)
-
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        s = self.llm.stats
-        names, values = list(self.labels), list(self.labels.values())
-
-        def gauge(name, doc, value):
-            g = GaugeMetricFamily(name, doc, labels=names)
-            g.add_metric(values, value)
-            return g
-
-        def counter(name, doc, value):
-            c = CounterMetricFamily(name, doc, labels=names)
-            c.add_metric(values, value)
-            return c
-
-        yield gauge("minillm_num_requests_running", "Requests in the running batch", s["num_running"])
-        yield gauge("minillm_num_requests_waiting", "Requests waiting to be admitted", s["num_waiting"])
-        yield gauge("minillm_kv_cache_blocks_total", "KV cache blocks", s["kv_blocks_total"])
-        yield gauge("minillm_kv_cache_blocks_used", "KV cache blocks in use", s["kv_blocks_used"])
-        yield gauge("minillm_kv_cache_usage_ratio", "Fraction of KV cache blocks in use",
-                    s["kv_blocks_used"] / s["kv_blocks_total"] if s["kv_blocks_total"] else 0.0)
-        if s["kv_blocks_cached"] is not None:
-            yield gauge("minillm_kv_cache_blocks_cached", "KV cache blocks holding a cached prefix",
-                        s["kv_blocks_cached"])
-        for key, name in (("waiting_by_class", "waiting"), ("running_by_class", "running")):
-            if s[key]:
-                g = GaugeMetricFamily(f"minillm_num_requests_{name}_by_class",
-                                      f"Requests {name}, per priority class", labels=[*names, "priority_class"])
-                for cls, n in sorted(s[key].items()):
-                    g.add_metric([*values, cls], n)
-                yield g
-        yield counter("minillm_num_preemptions", "Requests preempted to free KV blocks", s["num_preemptions"])
-        spec = s["spec"]
-        if spec is not None:
-            yield counter("minillm_spec_decode_num_draft_tokens", "Drafted tokens sent to verification",
-                          spec["num_drafts"])
-            yield counter("minillm_spec_decode_num_accepted_tokens", "Drafted tokens accepted", spec["num_accepted"])
-            if spec["acceptance_rate"] is not None:
-                yield gauge("minillm_spec_decode_acceptance_rate", "Chance that one reached draft is accepted",
-                            spec["acceptance_rate"])
-
-
 # -- the app --------------------------------------------------------------------------------
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
@@ -276,7 +162,7 @@ def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME):
     created = int(time.time())
 
     def reject(message: str, param: str | None = None, code: str | None = None, status: int = 400):
-        metrics.request_errors.labels(**metrics.labels, status=str(status)).inc()
+        metrics.count_error(status)
         type_ = "invalid_request_error" if status < 500 else "internal_error"
         return JSONResponse(error_body(message, type_, param, code), status_code=status)
 

@@ -1,0 +1,162 @@
+"""The server's Prometheus metrics: their names, declared once, and ``ServingMetrics``.
+
+The names are the server's and the dashboard's alike: ``server.py`` exports them at
+``/metrics`` (through ``ServingMetrics``), ``minillm/viz/sources.py`` reads them back
+(``MetricsSource``). Counters are named without ``_total``: prometheus_client adds it when
+it writes them. Importing this module imports neither the engine nor prometheus_client
+(a dashboard scraping a remote server needs neither).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .async_llm import AsyncLLM, StreamOutput
+
+# -- names -------------------------------------------------------------------------------------
+
+# Updated as outputs stream (counters and histograms of the server itself).
+PROMPT_TOKENS = "minillm_prompt_tokens"
+GENERATION_TOKENS = "minillm_generation_tokens"
+REQUEST_SUCCESS = "minillm_request_success"  # by finish reason
+REQUEST_ERRORS = "minillm_request_errors"  # by HTTP status
+TTFT = "minillm_time_to_first_token_seconds"
+ITL = "minillm_inter_token_latency_seconds"
+TPOT = "minillm_time_per_output_token_seconds"
+E2E = "minillm_e2e_request_latency_seconds"
+# Read from the engine's snapshot when scraped.
+NUM_RUNNING = "minillm_num_requests_running"
+NUM_WAITING = "minillm_num_requests_waiting"
+NUM_RUNNING_BY_CLASS = "minillm_num_requests_running_by_class"
+NUM_WAITING_BY_CLASS = "minillm_num_requests_waiting_by_class"
+KV_BLOCKS_TOTAL = "minillm_kv_cache_blocks_total"
+KV_BLOCKS_USED = "minillm_kv_cache_blocks_used"
+KV_USAGE_RATIO = "minillm_kv_cache_usage_ratio"
+KV_BLOCKS_CACHED = "minillm_kv_cache_blocks_cached"
+NUM_PREEMPTIONS = "minillm_num_preemptions"
+SPEC_DRAFT_TOKENS = "minillm_spec_decode_num_draft_tokens"
+SPEC_ACCEPTED_TOKENS = "minillm_spec_decode_num_accepted_tokens"
+SPEC_ACCEPTANCE_RATE = "minillm_spec_decode_acceptance_rate"
+
+# Labels: every metric carries MODEL_LABEL; the per-class gauges add CLASS_LABEL.
+MODEL_LABEL = "model_name"
+CLASS_LABEL = "priority_class"
+REASON_LABEL = "finished_reason"
+STATUS_LABEL = "status"
+
+# Buckets for a CPU engine (tens of ms per token) up to a saturated GPU (ms): seconds.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
+ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0)
+
+
+# -- the exporter --------------------------------------------------------------------------------
+
+class ServingMetrics:
+    """Prometheus metrics of one server, in a registry of its own (two servers in one
+    process, as in the tests, do not share counters).
+
+    Engine state (queues, KV blocks, preemptions, speculation) is read from the engine's
+    last snapshot (``AsyncLLM.stats``, an ``EngineSnapshot``) when scraped; the request
+    counters and latency histograms are updated as outputs stream. Latencies are the
+    engine's timestamps (arrival, each token), the same definitions as ``RequestMetrics``.
+    """
+
+    def __init__(self, llm: AsyncLLM, model_name: str):
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.llm = llm
+        self.registry = reg = CollectorRegistry(auto_describe=True)
+        labels = {MODEL_LABEL: model_name}
+        self.labels = labels
+        self.prompt_tokens = Counter(PROMPT_TOKENS, "Prompt tokens of admitted requests",
+                                     list(labels), registry=reg).labels(**labels)
+        self.generation_tokens = Counter(GENERATION_TOKENS, "Output tokens streamed",
+                                         list(labels), registry=reg).labels(**labels)
+        self.request_success = Counter(REQUEST_SUCCESS, "Finished requests, by finish reason",
+                                       [*labels, REASON_LABEL], registry=reg)
+        self.request_errors = Counter(REQUEST_ERRORS, "Requests rejected with an HTTP error, by status",
+                                      [*labels, STATUS_LABEL], registry=reg)
+        self.ttft = Histogram(TTFT, "Arrival to first output token",
+                              list(labels), buckets=TTFT_BUCKETS, registry=reg).labels(**labels)
+        self.itl = Histogram(ITL, "Gap between consecutive output tokens",
+                             list(labels), buckets=ITL_BUCKETS, registry=reg).labels(**labels)
+        self.tpot = Histogram(TPOT, "Mean gap after the first token, per request",
+                              list(labels), buckets=ITL_BUCKETS, registry=reg).labels(**labels)
+        self.e2e = Histogram(E2E, "Arrival to last token",
+                             list(labels), buckets=E2E_BUCKETS, registry=reg).labels(**labels)
+        reg.register(_EngineCollector(llm, labels))
+
+    def observe(self, out: StreamOutput) -> None:
+        if out.token_ids:
+            self.generation_tokens.inc(len(out.token_ids))
+        if out.finished and out.output is not None:
+            self.request_success.labels(**self.labels, **{REASON_LABEL: out.finish_reason}).inc()
+            m = out.output.metrics
+            if m.ttft is not None:
+                self.ttft.observe(m.ttft)
+            for gap in m.itls:
+                self.itl.observe(gap)
+            if m.tpot is not None:
+                self.tpot.observe(m.tpot)
+            if m.e2e is not None:
+                self.e2e.observe(m.e2e)
+
+    def count_error(self, status: int) -> None:
+        """Count a request answered with HTTP ``status``."""
+        self.request_errors.labels(**self.labels, **{STATUS_LABEL: str(status)}).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _EngineCollector:
+    """Gauges and counters read from the engine's last snapshot at scrape time."""
+
+    def __init__(self, llm: AsyncLLM, labels: dict[str, str]):
+        self.llm, self.labels = llm, labels
+
+    def describe(self):
+        return []  # names depend on the engine's features (priority classes, speculation)
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.llm.stats
+        names, values = list(self.labels), list(self.labels.values())
+
+        def gauge(name, doc, value):
+            g = GaugeMetricFamily(name, doc, labels=names)
+            g.add_metric(values, value)
+            return g
+
+        def counter(name, doc, value):
+            c = CounterMetricFamily(name, doc, labels=names)
+            c.add_metric(values, value)
+            return c
+
+        yield gauge(NUM_RUNNING, "Requests in the running batch", s.num_running)
+        yield gauge(NUM_WAITING, "Requests waiting to be admitted", s.num_waiting)
+        yield gauge(KV_BLOCKS_TOTAL, "KV cache blocks", s.kv_blocks_total)
+        yield gauge(KV_BLOCKS_USED, "KV cache blocks in use", s.kv_blocks_used)
+        yield gauge(KV_USAGE_RATIO, "Fraction of KV cache blocks in use", s.kv_usage)
+        yield gauge(KV_BLOCKS_CACHED, "KV cache blocks holding a cached prefix", s.kv_blocks_cached)
+        for by_class, name, what in ((s.waiting_by_class, NUM_WAITING_BY_CLASS, "waiting"),
+                                     (s.running_by_class, NUM_RUNNING_BY_CLASS, "running")):
+            if by_class:
+                g = GaugeMetricFamily(name, f"Requests {what}, per priority class", labels=[*names, CLASS_LABEL])
+                for cls, n in sorted(by_class.items()):
+                    g.add_metric([*values, cls], n)
+                yield g
+        yield counter(NUM_PREEMPTIONS, "Requests preempted to free KV blocks", s.num_preemptions)
+        if s.spec_num_drafts is not None:
+            yield counter(SPEC_DRAFT_TOKENS, "Drafted tokens sent to verification", s.spec_num_drafts)
+            yield counter(SPEC_ACCEPTED_TOKENS, "Drafted tokens accepted", s.spec_num_accepted)
+            if s.spec_acceptance_rate is not None:
+                yield gauge(SPEC_ACCEPTANCE_RATE, "Chance that one reached draft is accepted",
+                            s.spec_acceptance_rate)
+
+
+__all__ = ["ServingMetrics", "TTFT_BUCKETS", "ITL_BUCKETS", "E2E_BUCKETS"]
