@@ -12,10 +12,13 @@ sequence's tokens live in the blocks listed in its row of ``block_tables``; a to
 the special case of one block of ``max_model_len`` tokens per sequence, so the
 contiguous and the paged engines share this code.
 
-Three backends with one signature: ``torch`` (readable, the oracle), ``cpu`` (the same,
+Three backends with one signature: ``torch`` (readable SDPA calls), ``cpu`` (the same,
 with all of a step's queries in one call of a small C++ kernel, ``minillm/kernels/cpu/attention.py``;
 the model then also runs its layers' RoPE, K/V write, norms and SwiGLU as C++ calls,
-``model.Llama._cpu_layers``) and ``triton`` (``minillm/kernels/``).
+``model.Llama._cpu_layers``) and ``triton`` (``minillm/kernels/``). One oracle holds them all
+to the same answer: ``kernels.paged_decode_attention.paged_attention_ref`` (textbook attention
+in float32 over each sequence's gathered keys), and ``kernels.store_kv.store_kv_ref`` for the
+K/V write, which is also the torch and cpu backends' write (``write_kv``).
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from minillm import seams
+from minillm.kernels.cpu import attention as cpu_kernel
+from minillm.kernels.store_kv import store_kv_ref
 
 
 @dataclass(slots=True)
@@ -61,9 +66,9 @@ class AttentionMetadata:
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    # k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D] viewed as [slots, Hkv, D]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+    """This step's K/V into the cache: the oracle's write itself (``store_kv_ref``), for a step
+    without padding tokens. k, v: [T, Hkv, D]; caches [num_blocks, block_size, Hkv, D]."""
+    store_kv_ref(k, v, k_cache, v_cache, slot_mapping, padded=False)
 
 
 def _gather_slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -225,28 +230,33 @@ def cpu_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     drafts to verify) enters the kernel as that many one-query rows, query j of the row
     seeing its sequence's keys up to its own position: the causal mask, by construction
     (``cpu_attention_rows``). A learner's plugged decode attention, or a dtype the kernel
-    does not take (float16), runs ``torch_attention``."""
-    from minillm.kernels.cpu import attention as kernel
+    does not take (float16), runs ``torch_attention``.
 
-    if q.dtype not in kernel.DTYPES or seams.plugged("paged_decode_attention") is not None:
+    The ``cpu`` backend's entry in ``BACKENDS``: the model's layer loop and a compiled step's
+    attention op call it. ``model.Llama._cpu_layers`` takes the same route with the same rows
+    (``cpu_attention_rows``), bound once per forward (``kernels.cpu.layer_ops.ForwardOps.attend``)."""
+    rows = cpu_attention_rows(meta, q.dtype)
+    if rows is None:
         return torch_attention(q, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)
-    cpu_attention_rows(meta)(q, k_cache, v_cache, scale, out)
+    rows(q, k_cache, v_cache, scale, out)
     return out
 
 
-def cpu_attention_rows(meta: AttentionMetadata):
-    """The step's queries as the CPU kernel's rows (a ``DecodeRows``), built once per step and
-    reused by every layer: one row per query token, with its sequence's block table and its
-    own number of keys. Query j of a sequence with n queries and ctx keys (this step's
-    included) sees keys 0 .. ctx - n + j, as ``torch_attention``'s shifted causal mask lets it.
+def cpu_attention_rows(meta: AttentionMetadata, dtype: torch.dtype):
+    """The step's queries as the CPU kernel's rows (an ``AttentionRows``), built once per step
+    and reused by every layer; None where the kernel does not attend this step (a ``dtype`` it
+    does not take, or a learner's decode attention plugged in, chapter 3): ``torch_attention``
+    does. One row per query token, with its sequence's block table and its own number of keys.
+    Query j of a sequence with n queries and ctx keys (this step's included) sees keys
+    0 .. ctx - n + j, as ``torch_attention``'s shifted causal mask lets it.
 
     Each token is a row of its own, so its attention does not depend on how its prompt was cut
     into chunks or on the other rows of the step: the kernel gives a row the same bits alone or
     in any batch (tests/test_cpu_attention.py).
     """
-    from minillm.kernels.cpu import attention as kernel
-
+    if dtype not in cpu_kernel.DTYPES or seams.plugged("paged_decode_attention") is not None:
+        return None
     plan = meta.plan
     if "cpu_rows" not in plan:
         qlens = torch.tensor(meta.query_lens_list, dtype=torch.int64)
@@ -256,7 +266,8 @@ def cpu_attention_rows(meta: AttentionMetadata):
         starts = torch.tensor(meta.query_start_loc_list[:B], dtype=torch.int64)
         ctx = torch.tensor(meta.context_lens_list, dtype=torch.int64)[seq] - qlens[seq] + j + 1
         rows = torch.stack([torch.arange(seq.shape[0]), starts[seq] + j], 1)  # (table row, token)
-        plan["cpu_rows"] = kernel.DecodeRows(meta.block_tables.to("cpu", torch.int32)[seq], ctx.to(torch.int32), rows)
+        table = meta.block_tables.to("cpu", torch.int32)[seq]  # [R, max_blocks] each row's sequence's table
+        plan["cpu_rows"] = cpu_kernel.AttentionRows(table, ctx.to(torch.int32), rows)
     return plan["cpu_rows"]
 
 

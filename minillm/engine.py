@@ -20,11 +20,13 @@ import torch
 from .clock import WallClock
 from .config import EngineConfig, ModelConfig, ResolvedConfig
 from .inputs import parse_conversation, parse_messages, parse_prompts
-from .metrics import StepRecord, record_step
+from .metrics import EngineSnapshot, StepRecord, count_classes, record_step
 from .model import build_model
 from .model_runner import ModelOutput, ModelRunner
 from .request import FinishReason, Request, RequestMetrics
-from .sampling import SamplingParams, sample_at
+from .resolve import resolve
+from .sampling import sample_at
+from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput, build_scheduler
 from .threads import make_governor
 
@@ -250,6 +252,30 @@ class LLMEngine:
                 bar.close()
         return [self.output(r) for r in requests]
 
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's state now, as plain numbers: what ``AsyncLLM``, the server's
+        ``/metrics`` and the dashboard read. Cheap (no tensor is touched); safe to call from
+        another thread while the engine steps (the queues are copied before they are counted)."""
+        s = self.scheduler
+        bm = s.block_manager
+        records = self.step_records
+        try:
+            last = records[-1]
+        except IndexError:  # no step yet (or trimmed to nothing by another thread meanwhile)
+            last = None
+        spec = self.spec_stats
+        running, waiting = list(s.running), list(s.waiting)
+        return EngineSnapshot(
+            time=self.clock.now(), num_steps=len(records), num_running=len(running), num_waiting=len(waiting),
+            running_by_class=count_classes(running), waiting_by_class=count_classes(waiting),
+            kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_blocks - bm.num_free_blocks,
+            kv_blocks_cached=bm.num_cached_blocks, num_preemptions=s.num_preemptions, preemptions_owner=id(s),
+            last_step_rows=0 if last is None else last.num_rows, last_step_end=None if last is None else last.end,
+            spec_num_drafts=None if spec is None else spec.num_drafts,
+            spec_num_accepted=None if spec is None else spec.num_accepted,
+            spec_acceptance_rate=None if spec is None else spec.acceptance_rate,
+            spec_owner=None if spec is None else id(spec))
+
 
 # -- building an engine -----------------------------------------------------------
 
@@ -270,12 +296,12 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
         weights = loader.load_weights(config.model) if weights is None else weights
     if tokenizer == "auto":
         tokenizer = loader.load_tokenizer(config.model) if _gguf_present(config.model) else None
-    rc = config.resolve(mcfg)
+    rc = resolve(config, mcfg)
     place = rc.placement
-    if place.attention_backend == "cpu":  # build the C++ kernel now (once per machine), not in the first step
-        from .kernels import cpu_attention
+    if place.attention_backend == "cpu":  # build the C++ library now (once per machine), not in the first step
+        from .kernels.cpu import build
 
-        cpu_attention.load()
+        build.library()
     scheduler = build_scheduler(config, rc, mcfg.eos_token_id)
     model = build_model(mcfg, weights, place.device, place.dtype, place.attention_backend, rc.pack_weights)
     runner = ModelRunner(model, mcfg, rc.num_blocks, rc.block_size, place.device, place.dtype,
@@ -287,7 +313,7 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
 
         warmup(mcfg, place.dtype, rc.block_size, place.device, max_num_seqs=rc.max_num_seqs,
                max_model_len=rc.max_model_len, progress=True)
-    if config.cuda_graphs:  # validated by config.resolve: CUDA and the Triton backend
+    if config.cuda_graphs:  # validated by resolve(): CUDA and the Triton backend
         runner.capture_cuda_graphs(rc.max_num_seqs, rc.max_model_len)
     speculator = None
     if config.speculative is not None:

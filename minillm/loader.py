@@ -19,12 +19,12 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .cache import cache_dir, cached_folder, write_atomically
 from .config import ModelConfig
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -77,55 +77,8 @@ def _read_config(path: str, size: int, mtime_ns: int) -> ModelConfig:
     except (OSError, ValueError, TypeError):
         pass  # absent, or written by another version: parse the GGUF
     cfg = _parse_config(path)
-    _write_atomically(cached, lambda tmp: tmp.write_text(json.dumps(dataclasses.asdict(cfg))))
+    write_atomically(cached, lambda tmp: tmp.write_text(json.dumps(dataclasses.asdict(cfg))))
     return cfg
-
-
-def _write_atomically(target: Path, write) -> None:
-    """``write(tmp)`` then rename to ``target`` (a file, or a folder): a crash never leaves
-    half a cache entry, and of two processes writing at once one wins whole. A cache that
-    cannot be written (read-only home) only costs the work again next time."""
-    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write(tmp)
-        tmp.replace(target)
-    except OSError:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass  # never written
-
-
-FOLDER_MARK = "minillm-source.json"  # written last into a cache folder: the folder is complete
-
-
-def cached_folder(folder: Path, write, source: str) -> bool:
-    """Make sure the cache folder ``folder`` is complete, writing it if it is not.
-
-    ``write(tmp)`` fills an empty folder under a temporary name; then ``FOLDER_MARK``
-    (naming ``source``) goes in last and the folder is renamed into place, so a folder
-    with the mark is whole, and of two processes writing at once one wins whole.
-    ``write`` is called only when the folder is missing. Returns whether ``folder`` is
-    complete now; False means the cache could not be written (a read-only home), and
-    the caller does without it. A folder without the mark is a leftover and is replaced.
-    """
-    if (folder / FOLDER_MARK).is_file():
-        return True
-    if folder.is_dir():  # no mark: left half-written (folders only ever arrive whole, by rename)
-        shutil.rmtree(folder, ignore_errors=True)
-
-    def fill(tmp: Path) -> None:
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a process with this pid that died
-        tmp.mkdir(parents=True)
-        write(tmp)
-        (tmp / FOLDER_MARK).write_text(json.dumps({"source": source}))
-
-    _write_atomically(folder, fill)
-    return (folder / FOLDER_MARK).is_file()
 
 
 def _parse_config(path: str) -> ModelConfig:
@@ -208,10 +161,6 @@ def _dequantize_gguf(path: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("MINILLM_CACHE", Path.home() / ".cache" / "minillm"))
-
-
 def cache_key(path: str | os.PathLike) -> str:
     """A name for the contents of the GGUF at ``path``: a hash of its bytes.
 
@@ -249,7 +198,7 @@ def load_weights(path: str | os.PathLike | None = None, use_cache: bool = True) 
         return load_file(str(cached))
     weights = _dequantize_gguf(gguf_path, read_config(gguf_path))
     if use_cache:
-        _write_atomically(cached, lambda tmp: save_file(weights, str(tmp)))
+        write_atomically(cached, lambda tmp: save_file(weights, str(tmp)))
     return weights
 
 

@@ -15,20 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import BACKENDS, AttentionMetadata, write_and_attend
+from .attention import BACKENDS, AttentionMetadata, cpu_attention_rows, torch_attention, write_and_attend
 from .config import ModelConfig
+from .kernels.cpu import build as cpu_build
+from .kernels.cpu import layer_ops
+from .kernels.rmsnorm import rms_norm_ref
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / rms(x) * weight, computed in float32 (as transformers does), returned in x.dtype.
-
-    Spelled out: ``xf = x.float(); xf * rsqrt(mean(xf**2) + eps)``, then ``weight * xf.to(x.dtype)``.
-    ``F.rms_norm`` computes the same float32 numbers (bit for bit: tests/test_step_cost.py) in
-    one op instead of five; a decode step runs 61 of these norms.
-    """
-    # x: [..., D], weight: [D]
-    xf = F.rms_norm(x if x.dtype == torch.float32 else x.float(), (x.shape[-1],), eps=eps)
-    return weight * (xf if x.dtype == torch.float32 else xf.to(x.dtype))
+# x / rms(x) * weight in float32, rounded to x.dtype where transformers rounds: the model's norm
+# is the Triton kernel's oracle itself (one body, kernels/rmsnorm.py), so the two cannot drift.
+rms_norm = rms_norm_ref
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,7 +160,7 @@ class PackedLinear(nn.Module):
 
 # ---------------------------------------------------------------- the model
 
-CPU_LAYER_DTYPES = (torch.float32, torch.bfloat16)  # what the cpu backend's layer ops take (else: the loop)
+CPU_LAYER_DTYPES = cpu_build.DTYPES  # what the cpu backend's layer ops take: float32, bfloat16 (else: the loop)
 
 
 class Attention(nn.Module):
@@ -272,7 +267,7 @@ class Llama(nn.Module):
     def _cpu_layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata,
                     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """The layers above with the ``cpu`` backend: the same matmuls, and the work between
-        them in four C++ calls a layer (``kernels/cpu_layer.py``) instead of some forty ops.
+        them in four C++ calls a layer (``kernels/cpu/layer_ops.py``) instead of some forty ops.
 
         The residual stream ``h`` and its normed copy ``n`` travel together: each residual
         add is fused with the norm that follows it (the next layer's input norm, or the
@@ -280,22 +275,26 @@ class Llama(nn.Module):
         what every layer shares, so a layer's calls pass pointers. The numbers are those of
         the loop above but for float rounding in a norm's sum of squares and in silu's exp
         (tests/test_cpu_layer_ops.py).
-        """
-        from . import seams
-        from .attention import cpu_attention, cpu_attention_rows
-        from .kernels import cpu_layer
 
+        Attention takes the route of ``attention.cpu_attention`` (the backend's entry in
+        ``BACKENDS``, which the loop above and a compiled step call): the step's rows from
+        ``cpu_attention_rows``, or ``torch_attention`` where that says the kernel does not
+        attend this step. Only the binding differs: ``ForwardOps`` binds the rows to its query
+        and output buffers and every layer's caches once per forward, and a layer passes its
+        index, where ``cpu_attention`` checks its tensors at each call.
+        """
         T, cfg = h.shape[0], self.cfg
-        # a learner's decode attention plugged in (chapter 3): attention as cpu_attention runs it
-        plugged = seams.plugged("paged_decode_attention") is not None
-        ops = cpu_layer.ForwardOps(h, cos, sin, meta, cfg.num_heads, kv_caches, cfg.intermediate_size,
-                                   None if plugged else cpu_attention_rows(meta))
+        rows = cpu_attention_rows(meta, h.dtype)  # None: a learner's decode attention is plugged in (chapter 3)
+        ops = layer_ops.ForwardOps(h, cos, sin, meta, cfg.num_heads, kv_caches, cfg.intermediate_size, rows)
         first = self.layers[0].input_norm
         n = ops.add_norm(None, h, first.weight, first.eps)  # h: the residual stream, updated in place
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             attn, mlp = layer.attn, layer.mlp
             q = ops.rope_write(attn.qkv_proj(n), i)  # [T, Hq, D]; this step's K/V in layer i's cache
-            o = cpu_attention(q, k_cache, v_cache, meta, attn.scale) if plugged else ops.attend(i, attn.scale)
+            if rows is not None:
+                o = ops.attend(i, attn.scale)
+            else:
+                o = torch_attention(q, k_cache, v_cache, meta, attn.scale)
             n = ops.add_norm(attn.o_proj(o.view(T, cfg.q_size)), h, layer.post_attn_norm.weight,
                              layer.post_attn_norm.eps)
             norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm

@@ -69,17 +69,17 @@ def resolve(device: str | None = None, dtype: str | None = None,
 
 
 def default_cpu_backend() -> str:
-    """``cpu`` where its kernel builds and loads (a C++ compiler is installed; the first call
-    builds it, about 2 s, into the cache), else ``torch``, with a warning if a compiler is
+    """``cpu`` where its kernels build and load (a C++ compiler is installed; the first call
+    builds them, about 2 s, into the cache), else ``torch``, with a warning if a compiler is
     there but the build failed."""
-    from minillm.kernels.cpu import attention
+    from minillm.kernels.cpu import build
 
-    if cpu_attention.compiler() is None:
+    if build.compiler() is None:
         return "torch"
     try:
-        cpu_attention.load()
+        build.library()
     except RuntimeError as e:
-        warnings.warn(f"the CPU attention kernel did not build, so attention runs in the torch backend "
+        warnings.warn(f"the CPU kernels did not build, so attention runs in the torch backend "
                       f"(slower decode steps): {e}", stacklevel=3)
         return "torch"
     return "cpu"

@@ -212,13 +212,13 @@ def test_the_model_folder_for_vllm_is_written_once(tmp_path, monkeypatch):
     import torch
     from safetensors.torch import load_file
 
-    from minillm import loader
+    from minillm import cache, loader
     from minillm.config import ModelConfig
 
     monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
     folder = vllm_runner.vllm_model_dir(dummy_weights=True)
     assert folder.parent == tmp_path and (folder / "config.json").is_file()
-    assert json.loads((folder / loader.FOLDER_MARK).read_text())["source"].startswith("minillm dummy weights")
+    assert json.loads((folder / cache.FOLDER_MARK).read_text())["source"].startswith("minillm dummy weights")
     saved = load_file(str(folder / "model.safetensors"))
     want = loader.hf_state_dict(loader.dummy_weights(ModelConfig()), ModelConfig())
     for name in ("model.embed_tokens.weight", "model.layers.3.self_attn.k_proj.weight", "model.layers.29.mlp.down_proj.weight"):

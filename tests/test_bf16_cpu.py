@@ -14,7 +14,7 @@ from minillm import placement
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine import build_engine
 from minillm.bench.dtype_agreement import agreement
-from minillm.sampling import SamplingParams
+from minillm.sampling_params import SamplingParams
 
 TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_position_embeddings=256)

@@ -16,6 +16,7 @@ from minillm.compiled import check_compile
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine import LLM, build_engine
 from minillm.model_runner import prompt_logits
+from minillm.resolve import resolve
 
 TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_position_embeddings=256)
@@ -82,10 +83,10 @@ def test_compile_is_refused_where_it_cannot_run():
     with pytest.raises(ValueError, match="compile must be True or False"):
         EngineConfig(compile="yes")
     with pytest.raises(ValueError, match="compile=True needs attention_backend='cpu' or 'torch'"):
-        EngineConfig(engine="paged", device="cpu", attention_backend="triton", compile=True).resolve(TINY)
+        resolve(EngineConfig(engine="paged", device="cpu", attention_backend="triton", compile=True), TINY)
     with pytest.raises(ValueError, match="cuda_graphs=True"):
         check_compile(torch.device("cuda"), "triton")
-    assert not EngineConfig(engine="paged", device="cpu").resolve(TINY).compile  # off by default
+    assert not resolve(EngineConfig(engine="paged", device="cpu"), TINY).compile  # off by default
 
 
 def test_compile_without_a_cxx_compiler_says_so(monkeypatch):
@@ -94,7 +95,7 @@ def test_compile_without_a_cxx_compiler_says_so(monkeypatch):
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(ValueError, match="needs a C..? compiler"):
-        EngineConfig(engine="paged", device="cpu", compile=True).resolve(TINY)
+        resolve(EngineConfig(engine="paged", device="cpu", compile=True), TINY)
 
 
 @pytest.mark.slow

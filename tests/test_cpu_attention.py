@@ -1,9 +1,9 @@
-"""The CPU decode-attention kernel (minillm/kernels/cpu/attention.py) against its oracles.
+"""The CPU attention kernel (minillm/kernels/cpu/attention.py: every query of a step a row) against its oracle.
 
-* every decode row equals attention over exactly its own keys (the per-row oracle of
-  test_step_cost) and the torch backend, in float32 and bfloat16, for block sizes from 1 to
+* every decode row equals attention over exactly its own keys (the oracle, the kernels'
+  ``paged_attention_ref``) and the torch backend, in float32 and bfloat16, for block sizes from 1 to
   one block per sequence (the contiguous engines), contexts across the kernel's chunk edges;
-* steps that mix decode rows with prefills and chunks: the ``cpu`` backend equals ``torch``;
+* steps that mix decode rows with prefills and chunks: the ``cpu`` backend equals the oracle;
 * every query of a prefill, a chunk or a decode row is a kernel row of its own: a prompt's
   queries give the same bits attended at once, in chunks of any size, or one by one;
 * a row's result does not depend on the other rows of the step (bit for bit), nor on the
@@ -19,14 +19,21 @@ import pytest
 import torch
 
 from minillm import placement
-from minillm.attention import BACKENDS, AttentionMetadata, cpu_attention, torch_attention
+from minillm.attention import BACKENDS, AttentionMetadata, cpu_attention, cpu_attention_rows, torch_attention
 from minillm.config import EngineConfig
 from minillm.kernels.cpu import attention as kernel
-from tests.test_step_cost import TINY, _meta, _per_row
+from minillm.kernels.cpu import build
+from minillm.kernels.paged_decode_attention import paged_attention_ref
+from tests.test_step_cost import TINY, _meta
 
-pytestmark = pytest.mark.skipif(kernel.compiler() is None, reason="no C++ compiler to build the CPU kernel")
+pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler to build the CPU kernel")
 
 CHUNK_EDGES = [1, 2, 63, 255, 256, 257, 511, 700]
+
+
+def _oracle(q, k_cache, v_cache, meta, scale):
+    """The attention oracle (``paged_attention_ref``: every row alone over exactly its keys, in float32)."""
+    return paged_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.context_lens, scale)
 
 
 def _case(qlens, ctxs, block_size, dtype, seed, Hq=9, Hkv=3, D=64):
@@ -46,7 +53,7 @@ def test_decode_rows_equal_attention_over_their_own_keys(dtype, tol, block_size)
     ctxs = CHUNK_EDGES if block_size > 1 else [1, 2, 63, 257]
     q, k_cache, v_cache, meta = _case([1] * len(ctxs), ctxs, block_size, dtype, seed=block_size)
     got = cpu_attention(q, k_cache, v_cache, meta, 0.125)
-    want = _per_row(q.float(), k_cache.float(), v_cache.float(), meta, 0.125)
+    want = _oracle(q.float(), k_cache.float(), v_cache.float(), meta, 0.125)
     assert got.dtype == dtype
     assert (got.float() - want).abs().max().item() < tol
     torch_got = torch_attention(q, k_cache, v_cache, meta, 0.125)
@@ -62,7 +69,7 @@ def test_steps_mixing_decodes_with_prefills_and_chunks_equal_the_torch_backend(d
         ctxs = [max(n, rng.choice([rng.randint(1, 40), rng.randint(1, 600)])) for n in qlens]
         q, k_cache, v_cache, meta = _case(qlens, ctxs, rng.choice([2, 16]), dtype, seed=trial)
         got = cpu_attention(q, k_cache, v_cache, meta, 0.125)
-        want = _per_row(q.float(), k_cache.float(), v_cache.float(), meta, 0.125)
+        want = _oracle(q.float(), k_cache.float(), v_cache.float(), meta, 0.125)
         assert (got.float() - want).abs().max().item() < tol, (qlens, ctxs)
 
 
@@ -79,7 +86,7 @@ def test_a_prompt_attends_to_the_same_bits_at_once_in_chunks_and_token_by_token(
                                  query_lens_list=qlens, context_lens_list=ctxs)
 
     whole = cpu_attention(q, k_cache, v_cache, meta, 0.125)
-    want = _per_row(q.float(), k_cache.float(), v_cache.float(), meta, 0.125)
+    want = _oracle(q.float(), k_cache.float(), v_cache.float(), meta, 0.125)
     assert (whole.float() - want).abs().max().item() < (2e-6 if dtype == torch.float32 else 2e-2)
     for cuts in ([1, 299], [100, 156, 44], [255, 2, 43], [7] * 42 + [6]):
         done = 0
@@ -98,14 +105,14 @@ def test_a_row_gives_the_same_bits_alone_in_any_batch_and_on_any_thread_count():
     q, k_cache, v_cache, meta = _case([1] * 5, ctxs, 16, torch.float32, seed=3)
     out = torch.empty_like(q)
     rows = torch.tensor([[b, b] for b in range(5)])
-    kernel.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, rows, 0.125, out)
+    kernel.attend_rows(q, k_cache, v_cache, meta.block_tables, meta.context_lens, rows, 0.125, out)
     threads = torch.get_num_threads()
     try:
         for n_threads, order in [(1, [2]), (2, [4, 0, 2]), (threads, [1, 3])]:
             torch.set_num_threads(n_threads)
             alone = torch.full_like(q, float("nan"))
             sel = torch.tensor([[b, b] for b in order])
-            kernel.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, sel, 0.125, alone)
+            kernel.attend_rows(q, k_cache, v_cache, meta.block_tables, meta.context_lens, sel, 0.125, alone)
             for b in order:
                 assert torch.equal(alone[b], out[b]), (n_threads, order, b)
     finally:
@@ -130,55 +137,57 @@ def test_bad_arguments_are_refused_before_anything_is_read():
     }
     for what, a in cases.items():
         with pytest.raises(ValueError, match=what):
-            kernel.decode_attention(*a, 0.125, out if a[0].dtype == out.dtype else out.double())
+            kernel.attend_rows(*a, 0.125, out if a[0].dtype == out.dtype else out.double())
     with pytest.raises(ValueError, match="contiguous heads"):
-        kernel.decode_attention(q.transpose(1, 2).contiguous().transpose(1, 2), *args[1:], ok, 0.125, out)
+        kernel.attend_rows(q.transpose(1, 2).contiguous().transpose(1, 2), *args[1:], ok, 0.125, out)
 
 
 def test_loading_the_kernel_leaves_the_process_float_state_alone():
     """Linked with -ffast-math, a library flushes subnormals to zero in the whole process on
     load (hypothesis then refuses to draw floats, and numbers everywhere change)."""
-    kernel.load()
+    build.library()
     assert 5e-324 * 1.0 > 0.0, "subnormal floats flushed to zero after loading the CPU kernel"
     tiny = torch.tensor(1e-40, dtype=torch.float32)
     assert (tiny * 1.0).item() > 0.0
 
 
 def test_without_a_compiler_the_error_says_what_to_do(monkeypatch):
-    monkeypatch.setattr(kernel, "_lib", None)
-    monkeypatch.setattr(kernel, "_error", None)
-    monkeypatch.setattr(kernel, "compiler", lambda: None)
+    monkeypatch.setattr(build, "_lib", None)
+    monkeypatch.setattr(build, "_error", None)
+    monkeypatch.setattr(build, "compiler", lambda: None)
     with pytest.raises(RuntimeError, match="attention_backend='torch'"):
-        kernel.load()
+        build.library()
 
 
 def test_a_compiler_without_openmp_still_builds_a_kernel_that_gives_the_same_numbers(monkeypatch, tmp_path):
     q, k_cache, v_cache, meta = _case([1, 1, 1], [5, 300, 700], 16, torch.float32, seed=5)
     want = cpu_attention(q, k_cache, v_cache, meta, 0.125)
     monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
-    monkeypatch.setattr(kernel, "_lib", None)
-    monkeypatch.setattr(kernel, "_error", None)
+    monkeypatch.setattr(build, "_lib", None)
+    monkeypatch.setattr(build, "_error", None)
     # the first way fails as -fopenmp does on Apple's clang; the next one has no OpenMP
-    monkeypatch.setattr(kernel, "ATTEMPTS", [(["-fno-such-option-minillm"], []), ([], [])])
-    kernel.load()
+    monkeypatch.setattr(build, "ATTEMPTS", [(["-fno-such-option-minillm"], []), ([], [])])
+    lib = build.library()
+    meta.plan.clear()  # the step's rows hold the library they were built with: build them again, on this one
+    assert cpu_attention_rows(meta, q.dtype).lib is lib
     torch.testing.assert_close(cpu_attention(q, k_cache, v_cache, meta, 0.125), want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_kernel_that_does_not_build_leaves_the_torch_backend_with_a_warning(monkeypatch, tmp_path):
     monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
-    monkeypatch.setattr(kernel, "_lib", None)
-    monkeypatch.setattr(kernel, "_error", None)
-    monkeypatch.setattr(kernel, "ATTEMPTS", [(["-fno-such-option-minillm"], [])])
+    monkeypatch.setattr(build, "_lib", None)
+    monkeypatch.setattr(build, "_error", None)
+    monkeypatch.setattr(build, "ATTEMPTS", [(["-fno-such-option-minillm"], [])])
     with pytest.warns(UserWarning, match="did not build"):
         assert placement.resolve("cpu").attention_backend == "torch"
     with pytest.raises(RuntimeError, match="fno-such-option-minillm"):  # asked for by name: the compiler's words
-        kernel.load()
+        build.library()
 
 
 def test_the_cpu_backend_is_the_default_on_a_cpu_with_a_compiler(monkeypatch):
     assert placement.resolve("cpu").attention_backend == "cpu"
     assert BACKENDS["cpu"][1] is cpu_attention
-    monkeypatch.setattr(kernel, "compiler", lambda: None)
+    monkeypatch.setattr(build, "compiler", lambda: None)
     assert placement.resolve("cpu").attention_backend == "torch"
     monkeypatch.setattr(placement, "cuda_available", lambda: True)
     with pytest.raises(ValueError, match="attention_backend='cpu' runs on the CPU"):
@@ -188,7 +197,7 @@ def test_the_cpu_backend_is_the_default_on_a_cpu_with_a_compiler(monkeypatch):
 @pytest.mark.parametrize("engine", ["continuous", "paged"])
 def test_engines_on_the_cpu_backend_give_each_request_its_tokens_alone(engine):
     from minillm.engine import build_engine
-    from minillm.sampling import SamplingParams
+    from minillm.sampling_params import SamplingParams
 
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (3, 40, 9, 70, 1, 25)]

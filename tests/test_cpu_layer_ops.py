@@ -19,11 +19,10 @@ import torch.nn.functional as F
 from minillm import model as M
 from minillm.attention import write_kv
 from minillm.config import ModelConfig
-from minillm.kernels.cpu import attention as kernel
-from minillm.kernels.cpu import layer_ops
+from minillm.kernels.cpu import build, layer_ops
 from tests.test_step_cost import _meta
 
-pytestmark = pytest.mark.skipif(kernel.compiler() is None, reason="no C++ compiler to build the CPU kernels")
+pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler to build the CPU kernels")
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -49,10 +48,10 @@ def test_add_rms_norm_is_the_residual_add_then_model_rms_norm(dtype, T, D):
     torch.manual_seed(T + D)
     x, res = (torch.randn(T, D) * 3).to(dtype), torch.randn(T, D).to(dtype)
     w = (torch.rand(D) + 0.5).to(dtype)
-    h, n = cpu_layer.add_rms_norm(x, res, w, 1e-5)
+    h, n = layer_ops.add_rms_norm(x, res, w, 1e-5)
     assert torch.equal(h, res + x)  # the add rounds as torch's does: same bits
     _close(n, M.rms_norm(res + x, w, 1e-5))
-    h0, n0 = cpu_layer.add_rms_norm(x, None, w, 1e-5)  # no residual: a plain norm of x
+    h0, n0 = layer_ops.add_rms_norm(x, None, w, 1e-5)  # no residual: a plain norm of x
     assert h0 is x
     _close(n0, M.rms_norm(x, w, 1e-5))
 
@@ -64,7 +63,7 @@ def test_silu_mul_is_silu_of_the_gate_times_up(dtype):
                                                             + [1.0] * 292])])
     up = torch.randn(7, 300)
     gu = torch.cat([gate, up], dim=1).to(dtype)
-    got = cpu_layer.silu_mul(gu)
+    got = layer_ops.silu_mul(gu)
     g, u = gu.chunk(2, dim=-1)
     want = F.silu(g) * u
     assert got.shape == (7, 300)
@@ -86,7 +85,7 @@ def test_rope_write_is_apply_rope_then_write_kv_bit_for_bit(dtype, Hq, Hkv, D):
     v_cache = torch.zeros_like(k_cache)
     k_want, v_want = k_cache.clone(), v_cache.clone()
     slots = torch.randperm(48)[:T]
-    q = cpu_layer.rope_write(qkv, cos, sin, slots, k_cache, v_cache, Hq)
+    q = layer_ops.rope_write(qkv, cos, sin, slots, k_cache, v_cache, Hq)
     qk, v = qkv.split([(Hq + Hkv) * D, Hkv * D], dim=-1)
     qk = M.apply_rope(qk.reshape(T, Hq + Hkv, D), cos, sin)
     write_kv(qk[:, Hq:].contiguous(), v.reshape(T, Hkv, D), k_want, v_want, slots)
@@ -106,33 +105,33 @@ def test_a_token_gives_the_same_bits_alone_in_any_call_and_on_any_thread_count(d
     try:
         for n in (1, 2, 3):
             torch.set_num_threads(n)
-            outs.append((cpu_layer.add_rms_norm(x, res, w, 1e-6)[1], cpu_layer.silu_mul(gu)))
+            outs.append((layer_ops.add_rms_norm(x, res, w, 1e-6)[1], layer_ops.silu_mul(gu)))
     finally:
         torch.set_num_threads(threads)
     for n, s in outs[1:]:
         assert torch.equal(n, outs[0][0]) and torch.equal(s, outs[0][1])
-    alone = [cpu_layer.add_rms_norm(x[i:i + 1], res[i:i + 1], w, 1e-6)[1] for i in (0, 64, 129)]
+    alone = [layer_ops.add_rms_norm(x[i:i + 1], res[i:i + 1], w, 1e-6)[1] for i in (0, 64, 129)]
     assert all(torch.equal(a[0], outs[0][0][i]) for a, i in zip(alone, (0, 64, 129)))
 
 
 def test_bad_arguments_are_a_value_error_and_a_bad_slot_writes_nothing():
     x = torch.randn(4, 8)
     with pytest.raises(ValueError, match="one dtype"):
-        cpu_layer.add_rms_norm(x, x.bfloat16(), torch.ones(8), 1e-5)
+        layer_ops.add_rms_norm(x, x.bfloat16(), torch.ones(8), 1e-5)
     with pytest.raises(ValueError, match="contiguous"):
-        cpu_layer.silu_mul(torch.randn(8, 4).t())
+        layer_ops.silu_mul(torch.randn(8, 4).t())
     with pytest.raises(ValueError, match="float32 or bfloat16"):
-        cpu_layer.silu_mul(torch.randn(4, 8, dtype=torch.float64))
+        layer_ops.silu_mul(torch.randn(4, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match="weight"):
-        cpu_layer.add_rms_norm(x, None, torch.ones(7), 1e-5)
+        layer_ops.add_rms_norm(x, None, torch.ones(7), 1e-5)
     qkv = torch.randn(2, (2 + 2) * 4)
     cos, sin = torch.ones(2, 4), torch.zeros(2, 4)
     k_cache, v_cache = torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4)
     with pytest.raises(ValueError, match="outside the cache"):
-        cpu_layer.rope_write(qkv, cos, sin, torch.tensor([1, 4]), k_cache, v_cache, 2)
+        layer_ops.rope_write(qkv, cos, sin, torch.tensor([1, 4]), k_cache, v_cache, 2)
     assert not k_cache.any() and not v_cache.any()
     with pytest.raises(ValueError, match="query heads"):
-        cpu_layer.rope_write(qkv, cos, sin, torch.tensor([1, 2]), k_cache, v_cache, 3)
+        layer_ops.rope_write(qkv, cos, sin, torch.tensor([1, 2]), k_cache, v_cache, 3)
 
 
 SMALL = ModelConfig(vocab_size=96, hidden_size=48, intermediate_size=80, num_layers=3, num_heads=6, num_kv_heads=2,
@@ -173,7 +172,7 @@ def test_a_plugged_decode_attention_runs_inside_the_cpu_backend_forward():
     from minillm import seams
     from minillm.config import EngineConfig
     from minillm.engine import build_engine
-    from minillm.sampling import SamplingParams
+    from minillm.sampling_params import SamplingParams
     from solutions import ch03_paged_attention as s03
 
     g = torch.Generator().manual_seed(1)
@@ -204,11 +203,11 @@ def test_forward_ops_refuse_a_layer_whose_caches_differ():
     cos, sin = torch.ones(T, D), torch.zeros(T, D)
     meta = _meta([1, 1], [3, 5], 4, 6, random.Random(0))
     caches = (torch.zeros(6, 4, Hkv, D), torch.zeros(6, 4, Hkv, D))
-    ops = cpu_layer.ForwardOps(h, cos, sin, meta, Hq, [caches], 16, None)
+    ops = layer_ops.ForwardOps(h, cos, sin, meta, Hq, [caches], 16, None)
     qkv = torch.randn(T, (Hq + 2 * Hkv) * D)
     ops.rope_write(qkv, 0)
     with pytest.raises(ValueError, match="every layer's caches"):
-        cpu_layer.ForwardOps(h, cos, sin, meta, Hq, [caches, (torch.zeros(7, 4, Hkv, D), torch.zeros(7, 4, Hkv, D))],
+        layer_ops.ForwardOps(h, cos, sin, meta, Hq, [caches, (torch.zeros(7, 4, Hkv, D), torch.zeros(7, 4, Hkv, D))],
                              16, None)
     with pytest.raises(ValueError, match="contiguous"):
         ops.silu_mul(torch.randn(32, T).t())

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from minillm import LLM, loader
+from minillm import LLM, cache, loader
 from minillm.config import ModelConfig
 
 
@@ -137,16 +137,16 @@ def test_a_cache_folder_is_written_once_whole_or_not_at_all(tmp_path):
         (tmp / "data.txt").write_text("x")
 
     folder = tmp_path / "entry"
-    assert loader.cached_folder(folder, write, source="test") and len(calls) == 1
-    assert (folder / "data.txt").read_text() == "x" and (folder / loader.FOLDER_MARK).is_file()
-    assert loader.cached_folder(folder, write, source="test") and len(calls) == 1, "a complete folder is written again"
+    assert cache.cached_folder(folder, write, source="test") and len(calls) == 1
+    assert (folder / "data.txt").read_text() == "x" and (folder / cache.FOLDER_MARK).is_file()
+    assert cache.cached_folder(folder, write, source="test") and len(calls) == 1, "a complete folder is written again"
     assert calls[0].parent == tmp_path and calls[0] != folder, "written in place, not under a temporary name"
 
     # A folder without the mark (left half-written) is not trusted: it is written again.
     half = tmp_path / "half"
     half.mkdir()
     (half / "data.txt").write_text("partial")
-    assert loader.cached_folder(half, write, source="test") and len(calls) == 2
+    assert cache.cached_folder(half, write, source="test") and len(calls) == 2
     assert (half / "data.txt").read_text() == "x"
 
     # A write that fails leaves nothing behind, and the caller learns the cache is not there.
@@ -154,10 +154,10 @@ def test_a_cache_folder_is_written_once_whole_or_not_at_all(tmp_path):
         (tmp / "data.txt").write_text("x")
         raise OSError("disk full")
 
-    assert not loader.cached_folder(tmp_path / "failed", broken, source="test")
+    assert not cache.cached_folder(tmp_path / "failed", broken, source="test")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry", "half"]
     blocked = tmp_path / "entry" / "data.txt" / "below-a-file"
-    assert not loader.cached_folder(blocked, write, source="test") and len(calls) == 2
+    assert not cache.cached_folder(blocked, write, source="test") and len(calls) == 2
 
 
 def test_the_cache_is_keyed_on_the_gguf_contents_not_its_path_or_install_time(tmp_path):

@@ -15,6 +15,7 @@ from minillm import SamplingParams
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine import build_engine
 from minillm.model import PackedLinear, can_pack_weights, packs_by_default
+from minillm.resolve import resolve
 
 needs_packing = pytest.mark.skipif(not can_pack_weights(torch.float32),
                                    reason="this torch build or CPU has no oneDNN packed linear")
@@ -55,7 +56,7 @@ def test_auto_packs_fp32_on_the_cpu_and_bf16_where_the_cpu_multiplies_bf16(monke
 
     for native in (True, False):  # bf16 packs where the CPU has bf16 matrix instructions (measured to pay)
         monkeypatch.setattr(placement, "cpu_has_bf16_matmul", lambda: native)
-        bf16 = EngineConfig(engine="paged", device="cpu", dtype="bfloat16", max_model_len=96).resolve(TINY)
+        bf16 = resolve(EngineConfig(engine="paged", device="cpu", dtype="bfloat16", max_model_len=96), TINY)
         assert bf16.pack_weights == (native and can_pack_weights(torch.bfloat16)), native
 
 

@@ -17,12 +17,12 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from minillm.attention import AttentionMetadata, decode_groups, torch_attention
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine import build_engine
+from minillm.kernels import paged_attention_ref
 from minillm.model import rms_norm
 from minillm.sampling_params import SamplingParams
 
@@ -66,21 +66,8 @@ def _meta(qlens, ctxs, block_size, num_blocks, rng):
 
 
 def _per_row(q, k_cache, v_cache, meta, scale):
-    """Oracle: every row alone, over exactly its keys, gathered token by token."""
-    Hkv, D = k_cache.shape[2], k_cache.shape[3]
-    Hq = q.shape[1]
-    out = torch.empty_like(q)
-    s = 0
-    for b, (n, c) in enumerate(zip(meta.query_lens_list, meta.context_lens_list)):
-        t = meta.block_tables_list[b]
-        slots = [t[p // meta.block_size] * meta.block_size + p % meta.block_size for p in range(c)]
-        k = k_cache.view(-1, Hkv, D)[slots].transpose(0, 1).repeat_interleave(Hq // Hkv, 0)
-        v = v_cache.view(-1, Hkv, D)[slots].transpose(0, 1).repeat_interleave(Hq // Hkv, 0)
-        qs = q[s:s + n].transpose(0, 1)
-        mask = torch.arange(c)[None, :] <= torch.arange(c - n, c)[:, None]
-        out[s:s + n] = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale).transpose(0, 1)
-        s += n
-    return out
+    """The oracle (``kernels.paged_attention_ref``): every query over exactly its sequence's keys."""
+    return paged_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.context_lens, scale)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])

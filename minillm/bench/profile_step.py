@@ -7,7 +7,7 @@ goes to one bucket:
 
     matmul     the model's linear layers and the LM head (aten::mm / addmm / linear)
     attention  scaled_dot_product_attention and the K/V gathers of the paged cache (the
-               ``cpu`` backend: its decode kernel, ``minillm::cpu_decode_attention``)
+               ``cpu`` backend: its attention rows, ``minillm::cpu_attention_rows``)
     kv write   the cache writes of this step's K/V (index_copy_)
     sampling   everything the step runs after the logits (argmax, softmax, noise)
     other ops  every other op: norms, RoPE, SiLU, residual adds, copies, views (with
@@ -38,7 +38,7 @@ BUCKETS = ("matmul", "attention", "kv write", "sampling", "other ops", "python")
 _MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "aten::_weight_int",
            "mkldnn::_linear_pointwise")
 _ATTENTION = ("scaled_dot_product", "flash_attention", "aten::index_select", "aten::_efficient_attention",
-              "aten::_softmax", "aten::baddbmm", "minillm::cpu_decode_attention")
+              "aten::_softmax", "aten::baddbmm", "minillm::cpu_attention_rows")
 
 
 def _bucket(name: str, in_sampling: bool) -> str:

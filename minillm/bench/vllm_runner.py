@@ -101,7 +101,7 @@ def vllm_model_dir(dummy_weights: bool = False) -> Path:
     GGUF (and the GGUF's tokenizer) into $MINILLM_CACHE (default ~/.cache/minillm), named
     after the GGUF file's contents (``loader.cache_key``); later runs reuse it. ``dummy_weights``: minillm's seeded
     dummy weights, no tokenizer."""
-    from minillm import loader
+    from minillm import cache, loader
     from minillm.config import ModelConfig
 
     if dummy_weights:
@@ -109,7 +109,7 @@ def vllm_model_dir(dummy_weights: bool = False) -> Path:
     else:
         gguf = loader.find_gguf()
         name = f"hf-{gguf.stem}-{loader.cache_key(gguf)}"
-    folder = loader.cache_dir() / name
+    folder = cache.cache_dir() / name
 
     def write(tmp: Path) -> None:
         # minillm's own float32 weights under transformers' Llama names (a model transformers
@@ -126,7 +126,7 @@ def vllm_model_dir(dummy_weights: bool = False) -> Path:
             tokenizer.save_pretrained(str(tmp))
 
     source = "minillm dummy weights, seed 0" if dummy_weights else str(gguf)
-    if not loader.cached_folder(folder, write, source=source):
+    if not cache.cached_folder(folder, write, source=source):
         raise OSError(f"could not write the model folder for vLLM to {folder}: "
                       "set MINILLM_CACHE to a writable folder")
     return folder

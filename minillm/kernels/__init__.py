@@ -6,7 +6,8 @@ plain-PyTorch oracle (``*_ref``) the tests compare it with, and a ``bench()`` he
 
     rmsnorm.py                   rms_norm, fused_add_rms_norm (residual add + RMSNorm)
     store_kv.py                  store_kv: write a step's K/V into the paged cache
-    paged_decode_attention.py    paged_decode_attention: one query per sequence, split-K
+    paged_decode_attention.py    paged_decode_attention: one query per sequence, split-K;
+                                 paged_attention_ref, the one oracle of paged attention
     paged_prefill_attention.py   paged_prefill_attention: many queries per sequence, causal
     _common.py                   HAS_TRITON, the target GPUs (GpuSpec, A100, H100), input checks
 
@@ -17,21 +18,22 @@ Triton is optional: without it (or without a GPU, unless TRITON_INTERPRET=1 is s
                 launch an engine can make once before serving, so that Triton compiles
                 each variant up front and none in a request (a no-op off CUDA)
 
-    cpu/        the ``cpu`` attention backend: C++ sources, their build (with the system's
-                C++ compiler, on first use, cached) and ctypes bindings. Not imported
-                here; import it from ``minillm.kernels.cpu``.
+    cpu/        the ``cpu`` backend: attention rows and the elementwise layer ops in C++,
+                their build (with the system's C++ compiler, on first use, cached) and
+                ctypes bindings. Not imported here; import it from ``minillm.kernels.cpu``.
 
 The ahead-of-time audit -- every variant compiled for sm_80 and sm_90 on a machine
 without a GPU, checked for shared memory and register spills -- is a developer tool
 outside the package: ``python tools/aot_audit.py``.
 
-This package imports nothing else from minillm.
+Below the model in the layers: this package imports no module of minillm but the leaf
+``minillm.cache`` (where ``cpu/`` caches its build).
 """
 
 from ._common import A100, H100, HAS_TRITON, GpuSpec
 from .rmsnorm import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
 from .store_kv import store_kv, store_kv_ref
-from .paged_decode_attention import paged_decode_attention, paged_decode_attention_ref
+from .paged_decode_attention import paged_attention_ref, paged_decode_attention, paged_decode_attention_ref
 from .paged_prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 from .warmup import warmup  # the function: minillm.kernels.warmup is the function from here on
 
@@ -47,6 +49,7 @@ __all__ = [
     "fused_add_rms_norm_ref",
     "store_kv",
     "store_kv_ref",
+    "paged_attention_ref",
     "paged_decode_attention",
     "paged_decode_attention_ref",
     "paged_prefill_attention",

@@ -374,6 +374,8 @@ def paged_decode_attention(
 
 # ----------------------------------------------------------------------------
 # Oracle: gather each sequence's keys through its block table, then textbook attention.
+# One body for both paged kernels (and the CPU's): a decode row is a sequence with one
+# query, and paged_prefill_attention_ref is this same function.
 # ----------------------------------------------------------------------------
 
 
@@ -389,6 +391,45 @@ def gather_kv_ref(
     return k, v
 
 
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int | None = None,  # accepted for signature parity with paged_prefill_attention
+) -> torch.Tensor:
+    """The oracle of paged attention, in fp32: every query of a step over its sequence's keys.
+
+    q [T, Hq, D] packs the new tokens of B sequences (query_start_loc [B+1]); sequence b's
+    q_len queries are the last of its context_lens[b] cached tokens, so query j sits at
+    position context_lens[b] - q_len + j and sees keys 0 .. that position (causal). A decode
+    row is q_len 1; a sequence with no keys gives zeros. Returns out [T, Hq, D] in q.dtype.
+    """
+    Hq = q.shape[1]
+    Hkv = k_cache.shape[2]
+    out = torch.zeros_like(q)  # [T, Hq, D]
+    for b in range(context_lens.shape[0]):
+        first, last = int(query_start_loc[b]), int(query_start_loc[b + 1])
+        q_len, n = last - first, int(context_lens[b])
+        if q_len == 0:
+            continue
+        k, v = gather_kv_ref(k_cache, v_cache, block_tables[b], n)  # [n, Hkv, D]
+        # GQA: query head h reads kv head h // (Hq // Hkv); repeat kv heads to line them up.
+        k = k.repeat_interleave(Hq // Hkv, dim=1)  # [n, Hq, D]
+        v = v.repeat_interleave(Hq // Hkv, dim=1)  # [n, Hq, D]
+        scores = torch.einsum("qhd,nhd->hqn", q[first:last].float(), k) * scale  # [Hq, q_len, n]
+        q_pos = torch.arange(n - q_len, n, device=q.device)  # [q_len] absolute query positions
+        k_pos = torch.arange(n, device=q.device)  # [n]
+        causal = k_pos[None, :] <= q_pos[:, None]  # [q_len, n]
+        scores = scores.masked_fill(~causal, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)  # [Hq, q_len, n]
+        out[first:last] = torch.einsum("hqn,nhd->qhd", probs, v).to(q.dtype)  # [q_len, Hq, D]
+    return out
+
+
 def paged_decode_attention_ref(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -398,19 +439,9 @@ def paged_decode_attention_ref(
     scale: float,
     num_splits: int | None = None,  # accepted for signature parity; splitting does not change the math
 ) -> torch.Tensor:
-    B, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
-    out = torch.empty_like(q)  # [B, Hq, D]
-    for b in range(B):
-        n = int(context_lens[b])
-        k, v = gather_kv_ref(k_cache, v_cache, block_tables[b], n)  # [n, Hkv, D]
-        # GQA: query head h reads kv head h // (Hq // Hkv); repeat kv heads to line them up.
-        k = k.repeat_interleave(Hq // Hkv, dim=1)  # [n, Hq, D]
-        v = v.repeat_interleave(Hq // Hkv, dim=1)  # [n, Hq, D]
-        scores = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale  # [Hq, n]
-        probs = torch.softmax(scores, dim=-1)  # [Hq, n]
-        out[b] = torch.einsum("hn,nhd->hd", probs, v).to(q.dtype)  # [Hq, D]
-    return out
+    """``paged_attention_ref`` with one query per sequence: q [B, Hq, D] -> out [B, Hq, D]."""
+    one_each = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)  # query_start_loc [B+1]
+    return paged_attention_ref(q, k_cache, v_cache, block_tables, one_each, context_lens, scale)
 
 
 # ----------------------------------------------------------------------------

@@ -71,7 +71,7 @@ from ._common import (
     triton,
 )
 from .paged_decode_attention import _check_inputs as _check_decode_inputs
-from .paged_decode_attention import gather_kv_ref
+from .paged_decode_attention import paged_attention_ref
 
 _LOG2E = 1.4426950408889634
 
@@ -251,39 +251,11 @@ def paged_prefill_attention(
 
 # ----------------------------------------------------------------------------
 # Oracle: per sequence, gather dense K/V through the block table and apply an
-# explicit causal mask shifted by the context offset.
+# explicit causal mask shifted by the context offset. One body serves both kernels:
+# paged_decode_attention.paged_attention_ref (a decode row is a query of its own).
 # ----------------------------------------------------------------------------
 
-
-def paged_prefill_attention_ref(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    max_query_len: int | None = None,  # accepted for signature parity
-) -> torch.Tensor:
-    Hq = q.shape[1]
-    Hkv = k_cache.shape[2]
-    out = torch.zeros_like(q)  # [T, Hq, D]
-    for b in range(context_lens.shape[0]):
-        first, last = int(query_start_loc[b]), int(query_start_loc[b + 1])
-        q_len, n = last - first, int(context_lens[b])
-        if q_len == 0:
-            continue
-        k, v = gather_kv_ref(k_cache, v_cache, block_tables[b], n)  # [n, Hkv, D]
-        k = k.repeat_interleave(Hq // Hkv, dim=1)  # [n, Hq, D]
-        v = v.repeat_interleave(Hq // Hkv, dim=1)  # [n, Hq, D]
-        scores = torch.einsum("qhd,nhd->hqn", q[first:last].float(), k) * scale  # [Hq, q_len, n]
-        q_pos = torch.arange(n - q_len, n, device=q.device)  # [q_len] absolute query positions
-        k_pos = torch.arange(n, device=q.device)  # [n]
-        causal = k_pos[None, :] <= q_pos[:, None]  # [q_len, n]
-        scores = scores.masked_fill(~causal, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)  # [Hq, q_len, n]
-        out[first:last] = torch.einsum("hqn,nhd->qhd", probs, v).to(q.dtype)  # [q_len, Hq, D]
-    return out
+paged_prefill_attention_ref = paged_attention_ref
 
 
 # ----------------------------------------------------------------------------

@@ -119,13 +119,23 @@ def store_kv_ref(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    padded: bool = True,
 ) -> None:
-    """Plain-PyTorch version with the same in-place semantics."""
+    """Plain-PyTorch version with the same in-place semantics; the KV write of the torch and
+    cpu attention backends too (``attention.write_kv``).
+
+    ``padded``: slot_mapping may hold -1 (a padding token, nothing written), as the kernel
+    allows. The backends' steps are never padded (only the Triton backend's CUDA graphs pad)
+    and pass False: no mask, so no read of a device tensor (a boolean index waits for the GPU)
+    and no copy of k and v.
+    """
     H, D = k_cache.shape[2], k_cache.shape[3]
-    keep = slot_mapping >= 0  # [T] drop padding tokens
-    slots = slot_mapping[keep].long()  # [T']
-    k_cache.view(-1, H, D)[slots] = k[keep]
-    v_cache.view(-1, H, D)[slots] = v[keep]
+    slots = slot_mapping if slot_mapping.dtype == torch.int64 else slot_mapping.long()  # [T]
+    if padded:
+        keep = slots >= 0  # [T] drop padding tokens
+        slots, k, v = slots[keep], k[keep], v[keep]  # [T'], [T', H, D]
+    k_cache.view(-1, H, D).index_copy_(0, slots, k)
+    v_cache.view(-1, H, D).index_copy_(0, slots, v)
 
 
 def bench(dtype: torch.dtype = torch.bfloat16) -> None:

@@ -15,7 +15,8 @@
 // running max and sum. A row's result depends only on its own query, keys and length, never
 // on the other rows of the step: the same row alone or in a batch gives the same bits.
 //
-// The oracle is attention.torch_attention (tests/test_cpu_attention.py).
+// The oracle is kernels/paged_decode_attention.py's paged_attention_ref, and the torch backend
+// is held to it as well (tests/test_cpu_attention.py).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -237,12 +238,12 @@ extern "C" {
 // num_blocks: blocks in each cache. Returns 0, or a nonzero code for arguments the kernel
 // does not take (checked before anything is read): 1 shape, 2 empty row, 4 row index,
 // 5 block table.
-int minillm_decode_attention(int dtype, const void* q, int64_t q_stride, void* out, int64_t out_stride,
-                             const void* k_cache, const void* v_cache, int block_size, int num_kv_heads,
-                             int group, int head_dim, const int32_t* block_tables, int64_t bt_stride,
-                             const int32_t* context_lens, const int64_t* rows, int num_rows, float scale,
-                             int num_threads, int64_t num_tokens, int64_t num_seqs, int64_t max_blocks,
-                             int64_t num_blocks) {
+int minillm_attention_rows(int dtype, const void* q, int64_t q_stride, void* out, int64_t out_stride,
+                           const void* k_cache, const void* v_cache, int block_size, int num_kv_heads,
+                           int group, int head_dim, const int32_t* block_tables, int64_t bt_stride,
+                           const int32_t* context_lens, const int64_t* rows, int num_rows, float scale,
+                           int num_threads, int64_t num_tokens, int64_t num_seqs, int64_t max_blocks,
+                           int64_t num_blocks) {
     const Shape shape{num_tokens, num_seqs, max_blocks, num_blocks};
     if (dtype == 0)
         return run(static_cast<const float*>(q), q_stride, static_cast<float*>(out), out_stride,

@@ -2,20 +2,20 @@
 
 ``model.Llama`` runs its layers through these when the attention backend is ``cpu``
 (``Llama.forward``): per layer, four matmuls (oneDNN, as before) and four calls here --
-RoPE with the K/V cache write, the decode attention kernel (``cpu_attention.py``), the
+RoPE with the K/V cache write, the step's attention rows (``attention.py``), the
 residual add with the next RMSNorm, and silu(gate) * up -- instead of some forty small
 PyTorch ops. Each function computes what model.py's ops compute, rounded at the same
 points (see the .cpp); the tests hold them to it.
 
 The functions check what would make the C++ read or write out of bounds (dtype, shape,
 contiguity, slots) and raise ValueError; they are built with the attention kernel, into
-the same library (``cpu_attention.load``).
+the same library (``build.library``).
 """
 from __future__ import annotations
 
 import torch
 
-from .attention import _DTYPE_CODES, load, named_call
+from .build import DTYPE_CODES, library, named_call
 
 # profiler names of the layer ops (python -m minillm.bench.profile_step counts them in "other ops")
 NORM, SILU, ROPE = "minillm::cpu_add_rms_norm", "minillm::cpu_silu_mul", "minillm::cpu_rope_write"
@@ -24,12 +24,12 @@ NORM, SILU, ROPE = "minillm::cpu_add_rms_norm", "minillm::cpu_silu_mul", "minill
 def _check(*tensors: torch.Tensor) -> int:
     dtype = tensors[0].dtype
     for t in tensors:
-        if t.dtype != dtype or dtype not in _DTYPE_CODES:
+        if t.dtype != dtype or dtype not in DTYPE_CODES:
             raise ValueError(f"the CPU layer ops take float32 or bfloat16 tensors of one dtype, got "
                              f"{', '.join(str(x.dtype) for x in tensors)}")
         if t.device.type != "cpu" or not t.is_contiguous():
             raise ValueError("the CPU layer ops take contiguous CPU tensors")
-    return _DTYPE_CODES[dtype]
+    return DTYPE_CODES[dtype]
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -45,9 +45,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
                          f"{None if residual is None else tuple(residual.shape)}, weight {tuple(weight.shape)}")
     h = x if residual is None else torch.empty_like(x)
     n = torch.empty_like(x)
-    named_call(NORM, load().minillm_add_rms_norm, code, x.data_ptr(),
-         None if residual is None else residual.data_ptr(), h.data_ptr(), n.data_ptr(), weight.data_ptr(), T, D, eps,
-         torch.get_num_threads())
+    named_call(NORM, library().minillm_add_rms_norm, code, x.data_ptr(),
+               None if residual is None else residual.data_ptr(), h.data_ptr(), n.data_ptr(), weight.data_ptr(),
+               T, D, eps, torch.get_num_threads())
     return h, n
 
 
@@ -58,8 +58,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if F2 % 2:
         raise ValueError(f"silu_mul takes [T, 2F], got {tuple(gate_up.shape)}")
     out = gate_up.new_empty((T, F2 // 2))
-    named_call(SILU, load().minillm_silu_mul, code, gate_up.data_ptr(), out.data_ptr(), T, F2 // 2,
-         torch.get_num_threads())
+    named_call(SILU, library().minillm_silu_mul, code, gate_up.data_ptr(), out.data_ptr(), T, F2 // 2,
+               torch.get_num_threads())
     return out
 
 
@@ -82,9 +82,9 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_map
     if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
         raise ValueError("slot_mapping must be a contiguous int64 tensor")
     q = qkv.new_empty((T, num_heads, D))
-    rc = named_call(ROPE, load().minillm_rope_write, code, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-              slot_mapping.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-              k_cache.shape[0] * block_size, T, num_heads, Hkv, D, torch.get_num_threads())
+    rc = named_call(ROPE, library().minillm_rope_write, code, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                    slot_mapping.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                    k_cache.shape[0] * block_size, T, num_heads, Hkv, D, torch.get_num_threads())
     if rc == 6:
         raise ValueError(f"rope_write: a slot is outside the cache's {k_cache.shape[0] * block_size} slots")
     return q
@@ -117,7 +117,7 @@ class ForwardOps:
             if c.shape != k_cache.shape or c.dtype != k_cache.dtype or c.device.type != "cpu" or not c.is_contiguous():
                 raise ValueError(f"every layer's caches must be contiguous CPU {tuple(k_cache.shape)} {k_cache.dtype}")
         self.kv_ptrs = [(k.data_ptr(), v.data_ptr()) for k, v in kv_caches]
-        self.lib = load()
+        self.lib = library()
         self.T, self.hidden, self.F = T, hidden, intermediate_size
         self.Hq, self.Hkv, self.D = num_heads, Hkv, D
         self.dtype = k_cache.dtype
@@ -128,7 +128,7 @@ class ForwardOps:
         self.act = h.new_empty((T, intermediate_size))
         self.rope_args = (cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), self.q.data_ptr())
         self.num_slots = k_cache.shape[0] * block_size
-        self.rows = rows  # cpu_attention.DecodeRows of the step's queries, or None (attention elsewhere)
+        self.rows = rows  # attention.AttentionRows of the step's queries, or None (attention elsewhere)
         if rows is not None:
             self.attend_args = rows.bind(self.q, self.o, k_cache)
 
