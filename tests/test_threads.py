@@ -88,7 +88,7 @@ def test_a_command_run_in_process_leaves_torch_threads_as_they_were(command, mon
     the whole process while it runs; afterwards the process is on its own count again."""
     from minillm.bench import compare, profile_step
 
-    module, name = (bench, "run_benchmark") if command == "bench" else (profile_step, "profile_decode")
+    module, name = (compare, "run_benchmark") if command == "bench" else (profile_step, "profile_decode")
     real, seen = getattr(module, name), []
 
     def spy(*args, **kwargs):
