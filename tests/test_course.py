@@ -119,6 +119,10 @@ def test_make_lab_serves_the_chapters(tmp_path):
         base = f"http://127.0.0.1:{port}"
         status, body = get(f"{base}/api/contents/?content=1", token)
         assert status == 200
+        top = {item["name"] for item in json.loads(body)["content"]}
+        assert {"chapters", "exercises"} <= top, top  # a chapter and the exercise file it names both open
+        status, body = get(f"{base}/api/contents/chapters?content=1", token)
+        assert status == 200
         names = {item["name"] for item in json.loads(body)["content"]}
         chapters = {p.name for p in (ROOT / "chapters").glob("*.ipynb")}
         assert "00_the_model.ipynb" in chapters and chapters <= names, (chapters, names)
