@@ -139,21 +139,29 @@ def decode_bytes_per_token(num_params: int, bytes_per_param: float, kv_bytes_per
                            context_len: int, batch_size: int) -> float:
     """Napkin math: bytes read from memory per generated token during decode.
 
-    One decode step produces one token for each of ``batch_size`` sequences. To do
-    so the GPU streams
-      - every weight once: ``num_params * bytes_per_param``, shared by the whole
-        batch (each weight is loaded once and used for every sequence), and
-      - the KV cache of each sequence: ``context_len * kv_bytes_per_token`` per
-        sequence (its own past, shared with nobody).
-    Return the step's bytes divided by the tokens it produced:
+    Inputs:
+      - ``num_params``: parameters of the model; ``bytes_per_param``: bytes each one
+        takes in memory (4 in float32, 2 in bfloat16, about 0.5 when 4-bit quantized);
+      - ``kv_bytes_per_token``: bytes of K and V that one token of context holds in the
+        cache, every layer included (``ModelConfig.kv_bytes_per_token``);
+      - ``context_len``: tokens already in each sequence's cache (all sequences alike);
+      - ``batch_size``: sequences in the step (>= 1).
 
-        (num_params * bytes_per_param + batch_size * context_len * kv_bytes_per_token)
-        / batch_size
+    Contract: one decode step produces one token for each of ``batch_size`` sequences.
+    To do so the processor reads every weight once, whatever the batch size (each weight
+    is loaded once and used for every sequence), and each sequence's own KV cache (its
+    past, shared with nobody). Return the bytes that one step reads divided by the tokens
+    it produces: a float, in bytes per generated token. Activations are small next to
+    these and are ignored.
 
-    Activations are small next to these and are ignored. Divide the result by the
-    memory bandwidth (bytes/s) to get a lower bound on the time per token: at
-    batch 1 the weights dominate, so batching makes decode cheaper until the KV
-    reads take over.
+    Hints: count the bytes of one whole step first, then share them among the tokens it
+    produced. Ask of each of the two kinds of bytes whether it grows with
+    ``batch_size``. Check your function on its extremes: at batch 1 a token pays for
+    every weight plus one sequence's cache; with a huge batch it pays for little more
+    than its own cache.
+
+    Use: divide the result by the memory bandwidth (bytes/s) to get a lower bound on
+    the time per token (section 5 of the chapter measures the bandwidth).
 
     Example (SmolLM2-135M in bf16, ``minillm.ModelConfig``): num_params
     ~1.35e8, bytes_per_param 2, kv_bytes_per_token = 2 (K and V) * 30 layers
@@ -181,8 +189,8 @@ def greedy_generate(forward: Callable[[list[int], int], torch.Tensor], prompt_id
 
     Hints: keep a counter of tokens fed; ``int(logits[-1].argmax())``.
 
-    Answer, after you try: the chapter's ``naive_generate`` (printed after the
-    exercises), and ``minillm/engine.py``, ``LLMEngine.step``, which does the same for
+    Answer, after you try: ``solutions/ch00_the_model.py`` (the chapter prints it after
+    its exercises), and ``minillm/engine.py``, ``LLMEngine.step``, which does the same for
     many requests at once.
     """
     raise NotImplementedError
