@@ -122,7 +122,7 @@ def static_schedule(group: list[Request], waiting: deque[Request], max_num_seqs:
 def quiz_answers() -> dict[str, str | float]:
     """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
 
-    Print the questions with ``from minillm.bench import quiz; quiz.show("ch01")`` (the
+    Print the questions with ``from minillm.course import quiz; quiz.show("ch01")`` (the
     chapter's last cells do it). A choice question takes a letter ("b"); a numeric
     question a number (rounded as the question says before it is compared). Leave a
     question out until you have an answer: it is graded as not answered.

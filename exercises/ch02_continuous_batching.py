@@ -119,7 +119,7 @@ def pick_engine(prompt_lens: list[int], output_lens: list[int], max_num_seqs: in
 def quiz_answers() -> dict[str, str | float]:
     """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
 
-    Print the questions with ``from minillm.bench import quiz; quiz.show("ch02")`` (the
+    Print the questions with ``from minillm.course import quiz; quiz.show("ch02")`` (the
     chapter's last cells do it). A choice question takes a letter ("b"); a numeric
     question a number (rounded as the question says before it is compared). Leave a
     question out until you have an answer: it is graded as not answered.

@@ -197,7 +197,7 @@ def store_kv_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_c
 def quiz_answers() -> dict[str, str | float]:
     """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
 
-    Print the questions with ``from minillm.bench import quiz; quiz.show("ch03")`` (the
+    Print the questions with ``from minillm.course import quiz; quiz.show("ch03")`` (the
     chapter's last cells do it). A choice question takes a letter ("b"); a numeric
     question a number (rounded as the question says before it is compared). Leave a
     question out until you have an answer: it is graded as not answered.

@@ -10,7 +10,7 @@ Normalisation: a choice is one letter ("b", "B" or "(b)" all read as "b"); a num
 rounded to the question's ``decimals`` and written with that many decimals, so 9.96 and
 10.0 are the same answer at ``decimals=1``.
 
-    >>> from minillm.bench import quiz
+    >>> from minillm.course import quiz
     >>> quiz.show("ch03")                          # the questions, in a notebook or a shell
     >>> quiz.check("ch03", "q1", 3)                # (True, "q1: correct")
 """
