@@ -34,6 +34,8 @@ def generate(argv: list[str]) -> int:
         # Without the chat template there is no place for a system message: say so, do not drop it.
         raise ValueError("--system needs --chat (the system message goes into the chat template): "
                          "add --chat, or drop --system")
+    for name, text in (("prompt", args.prompt), ("--system", args.system)):
+        _check_text(name, text)  # before the model loads
     from .engine import LLM
     from .sampling_params import SamplingParams
 
@@ -47,7 +49,13 @@ def generate(argv: list[str]) -> int:
         prompt = llm.chat_prompt(messages)
     else:
         prompt = args.prompt
-    req = engine.add_request(prompt, params)
+    req = engine.make_request(prompt, params)
+    room = engine.max_model_len - req.num_prompt_tokens
+    if args.max_tokens > room:  # as the server answers: a request that cannot fit is refused, not cut short
+        raise ValueError(f"this model's maximum context length is {engine.max_model_len} tokens, but the prompt has "
+                         f"{req.num_prompt_tokens} tokens and max_tokens is {args.max_tokens}: lower --max-tokens "
+                         f"to at most {room} or shorten the prompt")
+    engine.scheduler.add(req)
     while engine.has_unfinished():
         engine.step()
         # Only the text added this step: the detokenizer holds back a half multi-byte
@@ -61,6 +69,18 @@ def generate(argv: list[str]) -> int:
         print(f"[{req.num_output_tokens} tokens, finish={req.finish_reason}, ttft={m.ttft:.3f}s, "
               f"decode={rate:.1f} tok/s]", file=sys.stderr)
     return 0
+
+
+def _check_text(name: str, text: str | None) -> None:
+    """One line, no traceback, for text the tokenizer cannot take: bytes that are not UTF-8
+    reach Python as lone surrogates (``$'\\xed\\xa0\\x80'``)."""
+    if text is None or text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"the {name} is not valid UTF-8 text (U+{ord(text[e.start]):04X} at character {e.start} is "
+                         "a lone surrogate, or a byte that is not UTF-8): pass valid UTF-8") from None
 
 
 USAGE = """usage: python -m minillm {generate,bench,serve,load,capstone} ...
@@ -86,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             from minillm.bench.compare import main as bench_main
             return bench_main(rest)
         if cmd == "serve":
-            from minillm.serving.server import main as serve_main
+            from minillm.serving.cli import main as serve_main
             return serve_main(rest)
         if cmd == "load":
             from minillm.bench.loadgen import main as load_main

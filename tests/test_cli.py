@@ -71,3 +71,25 @@ def test_bench_workload_param_error_names_the_param(value, monkeypatch, capsys):
     err = _bench_fails_before_running(["--workload", "uniform", "--workload-param", f"prompt_len={value}"],
                                       monkeypatch, capsys)
     assert "prompt_len must be an integer >= 4" in err
+
+
+def test_generate_rejects_a_prompt_that_is_not_utf8_in_one_line():
+    """Bytes that are not UTF-8 reach Python as lone surrogates; before, the tokenizer raised
+    a TypeError and the command printed a traceback."""
+    r = subprocess.run([sys.executable, "-m", "minillm", "generate", b"\xed\xa0\x80", "--max-tokens", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "UTF-8" in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout == ""
+
+
+@pytest.mark.slow
+def test_generate_rejects_max_tokens_past_the_context_as_the_server_does():
+    """Before: --max-tokens 100000 ran on silently (to the end of the context) where the
+    server answers the same request with a 400."""
+    r = run("generate", "hi", "--max-tokens", "100000")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "max_tokens is 100000" in lines[0] and "maximum context length" in lines[0], r.stderr
+    assert r.stdout == ""

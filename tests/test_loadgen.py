@@ -69,6 +69,18 @@ def test_goodput_counts_finished_requests_within_both_slos():
     assert "goodput" in table and len(table.splitlines()) == 4
 
 
+def test_requests_the_server_pushed_back_are_counted():
+    """HTTP 429 (the server's queue full) fails the request and is counted apart."""
+    recs = [_rec(0.0, 0.5, 0.1, 1.5), {**_rec(0.1, None, None, None, ok=False, n=0), "status": 429},
+            {**_rec(0.2, None, None, None, ok=False, n=0), "status": 429},
+            {**_rec(0.3, None, None, None, ok=False, n=0), "status": 400}]
+    s = LoadResult("u", 2.0, recs, 2.0).summary()
+    assert (s["num_ok"], s["num_failed"], s["num_rejected"]) == (1, 3, 2)
+    head, _, row = format_table(LoadResult("u", 2.0, recs, 2.0)).splitlines()[:3]
+    assert "429" in head.split() and row.split()[3] == "2"
+    assert LoadResult("u", 2.0, [_rec(0.0, 0.5, 0.1, 1.5)], 2.0).summary()["num_rejected"] == 0  # no status: none
+
+
 def test_trace_is_parsed_sorted_and_checked(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"arrival": 0.5, "prompt": "hi", "output_tokens": 3}\n\n'

@@ -294,7 +294,6 @@ BAD = [
     ("completions", {"prompt": "hi", "temperature": -0.5}, "temperature"),
     ("completions", {"prompt": "hi", "top_p": 0}, "top_p"),
     ("completions", {"prompt": "hi", "top_p": 1.5}, "top_p"),
-    ("completions", {"prompt": "hi", "model": "gpt-4"}, "model"),
     ("completions", {"prompt": LONG_TEXT, "max_tokens": 4}, "max_model_len"),
     ("completions", {"prompt": "hi", "max_tokens": MAX_MODEL_LEN}, "max_tokens"),
     ("completions", {"prompt": "hi", "n": 2}, "n"),
@@ -321,6 +320,11 @@ BAD = [
     ("completions", {"prompt": "hi", "seed": 2**70}, "seed"),
     ("completions", {"prompt": [[]]}, "empty"),
     ("completions", b'{"prompt": "\xff\xfe"}', "invalid_json"),
+    # text the tokenizer cannot encode, nesting, numbers past CPython's digit limit: the client's mistakes
+    ("completions", '{"prompt": "a\\ud800b", "max_tokens": 2}', "invalid_text"),
+    ("chat/completions", '{"messages": [{"role": "user", "content": "\\udc00"}]}', "invalid_text"),
+    ("completions", '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}", "invalid_json"),
+    ("completions", '{"prompt": "hi", "max_tokens": ' + "7" * 5000 + "}", "invalid_json"),
 ]
 
 
@@ -342,7 +346,7 @@ def test_bad_request_is_a_400_with_an_openai_error_body(server, route, body, men
 def test_the_server_keeps_serving_after_bad_requests(server, client):
     for route, body, _ in BAD:
         httpx.post(f"{server.url}/v1/{route}", content=body if isinstance(body, (str, bytes)) else json.dumps(body),
-                   timeout=60)
+                   headers={"content-type": "application/json"}, timeout=60)
     r = client.completions.create(model=MODEL, prompt=SHORT[0], max_tokens=3, temperature=0)
     assert r.usage.completion_tokens == 3
     wait_engine_idle(server.llm)
@@ -365,6 +369,18 @@ def test_openai_client_raises_bad_request_error(client):
 
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=-1)
+
+
+@slow
+def test_an_unknown_model_is_a_404_model_not_found(server, client):
+    """OpenAI's and vLLM's answer (it was a 400)."""
+    import openai
+
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "model": "gpt-4"}, timeout=60)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert r.json()["error"]["param"] == "model" and "gpt-4" in r.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError, match="gpt-4"):
+        client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
 
 
 @slow

@@ -21,6 +21,10 @@ work. Measured on the client, per request:
     TPOT   (last chunk - first chunk) / (output tokens - 1)
     E2E    send -> end of the stream
 
+A server that pushes back (HTTP 429, its queue full; minillm's ``serve
+--max-queued-requests``) fails the request: ``num_rejected`` in the summary counts those,
+and no request is retried (an open loop does not slow down).
+
 Goodput: requests per second that finished *and* met the SLO (TTFT <= slo_ttft and
 TPOT <= slo_tpot), the number a service is paid for (DistServe, Zhong et al. 2024).
 Throughput counts every finished request, however late.
@@ -41,6 +45,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -230,6 +235,7 @@ class LoadResult:
         out: dict[str, Any] = {
             "label": self.label, "rate": self.rate, "num_requests": len(self.records), "num_ok": len(ok),
             "num_failed": len(self.records) - len(ok), "duration_s": d,
+            "num_rejected": sum(r.get("status") == 429 for r in self.records),  # pushed back: the queue was full
             "throughput_req_s": len(ok) / d if d > 0 else 0.0,
             "throughput_tok_s": sum(r["output_tokens"] for r in ok) / d if d > 0 else 0.0,
             "goodput": goodput(self.records, self.slo_ttft, self.slo_tpot, d),
@@ -268,7 +274,8 @@ async def _one(client: Any, url: str, model: str, req: LoadRequest, index: int, 
         body["ignore_eos"] = True
     rec: dict[str, Any] = {"index": index, "arrival": req.arrival, "lag": 0.0, "ttft": None, "tpot": None,
                            "itls": [], "e2e": None, "output_tokens": 0, "prompt_tokens": None,
-                           "requested_tokens": req.output_tokens, "ok": False, "error": None, "finish_reason": None}
+                           "requested_tokens": req.output_tokens, "ok": False, "error": None, "finish_reason": None,
+                           "status": None}
     delay = t0 + req.arrival - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
@@ -278,6 +285,7 @@ async def _one(client: Any, url: str, model: str, req: LoadRequest, index: int, 
     usage = None
     try:
         async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            rec["status"] = r.status_code
             if r.status_code != 200:
                 text = (await r.aread()).decode(errors="replace")
                 try:
@@ -321,9 +329,10 @@ async def _one(client: Any, url: str, model: str, req: LoadRequest, index: int, 
 async def run_load_async(url: str, requests: Sequence[LoadRequest], arrivals: Sequence[float] | None = None, *,
                          model: str | None = None, slo_ttft: float = 1.0, slo_tpot: float = 0.2,
                          rate: float | None = None, ignore_eos: bool = True, temperature: float = 0.0,
-                         timeout: float = 600.0, label: str | None = None) -> LoadResult:
+                         timeout: float = 600.0, label: str | None = None, api_key: str | None = None) -> LoadResult:
     """Send ``requests`` at ``arrivals`` (seconds from now; default: each request's own
-    ``arrival``), stream them all, and collect one record per request."""
+    ``arrival``), stream them all, and collect one record per request. ``api_key``: sent as
+    ``Authorization: Bearer <key>``."""
     import httpx
 
     url = url.rstrip("/")
@@ -338,7 +347,9 @@ async def run_load_async(url: str, requests: Sequence[LoadRequest], arrivals: Se
             raise ValueError(f"got {len(arrivals)} arrival times for {len(requests)} requests")
         requests = [LoadRequest(r.prompt, r.output_tokens, float(a)) for r, a in zip(requests, arrivals)]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), limits=limits) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), limits=limits,
+                                 headers=headers) as client:
         if model is None:
             model = await _first_model(client, url)
         t0 = time.perf_counter() + 0.05  # a moment to create every task before the first send
@@ -364,7 +375,7 @@ def run_load(url: str, *, rate: float | None = None, num_requests: int = 32,
              seed: int = 0,
              trace: str | Path | None = None, slo_ttft: float = 1.0, slo_tpot: float = 0.2,
              model: str | None = None, ignore_eos: bool = True, temperature: float = 0.0,
-             timeout: float = 600.0) -> LoadResult:
+             timeout: float = 600.0, api_key: str | None = None) -> LoadResult:
     """One open-loop run: Poisson arrivals at ``rate`` requests/s (``float('inf')``: all at
     once), or the requests and arrivals of a ``trace`` file. Blocks until every request ends
     (from a notebook with a running event loop, ``await run_load_async(...)`` instead)."""
@@ -383,7 +394,8 @@ def run_load(url: str, *, rate: float | None = None, num_requests: int = 32,
             arrivals = poisson_arrivals(rate, num_requests, seed)
         label = f"rate {rate:g}"
     coro = run_load_async(url, requests, arrivals, model=model, slo_ttft=slo_ttft, slo_tpot=slo_tpot, rate=rate,
-                          ignore_eos=ignore_eos, temperature=temperature, timeout=timeout, label=label)
+                          ignore_eos=ignore_eos, temperature=temperature, timeout=timeout, label=label,
+                          api_key=api_key)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -396,7 +408,7 @@ def run_load(url: str, *, rate: float | None = None, num_requests: int = 32,
         return pool.submit(run_load, url, rate=rate, num_requests=num_requests, prompts=prompts,
                            output_tokens=output_tokens, seed=seed, trace=trace, slo_ttft=slo_ttft,
                            slo_tpot=slo_tpot, model=model, ignore_eos=ignore_eos, temperature=temperature,
-                           timeout=timeout).result()
+                           timeout=timeout, api_key=api_key).result()
 
 
 def sweep(url: str, rates: Sequence[float], **kwargs: Any) -> list[LoadResult]:
@@ -410,6 +422,7 @@ def sweep(url: str, rates: Sequence[float], **kwargs: Any) -> list[LoadResult]:
 # -- reporting ------------------------------------------------------------------------------------
 
 _COLUMNS = [("rate", "rate", "{:g}"), ("ok", "num_ok", "{:d}"), ("fail", "num_failed", "{:d}"),
+            ("429", "num_rejected", "{:d}"),
             ("req/s", "throughput_req_s", "{:.2f}"), ("tok/s", "throughput_tok_s", "{:.1f}"),
             ("TTFT p50", "ttft_p50", "{:.3f}"), ("p95", "ttft_p95", "{:.3f}"), ("p99", "ttft_p99", "{:.3f}"),
             ("TPOT p50", "tpot_p50", "{:.3f}"), ("p95", "tpot_p95", "{:.3f}"),
@@ -472,6 +485,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send the ignore_eos extension (for servers that reject it); lengths may vary")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take (default 600)")
+    p.add_argument("--api-key", default=os.environ.get("MINILLM_API_KEY"),
+                   help="sent as 'Authorization: Bearer <key>' (default: $MINILLM_API_KEY, else none)")
     p.add_argument("--json", default=None, help="write summaries and per-request records to this file")
     return p
 
@@ -483,7 +498,8 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     kw = dict(num_requests=args.num_requests, output_tokens=args.output_tokens, prompts=args.prompts,
               seed=args.seed, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, model=args.model,
-              ignore_eos=not args.no_ignore_eos, temperature=args.temperature, timeout=args.timeout)
+              ignore_eos=not args.no_ignore_eos, temperature=args.temperature, timeout=args.timeout,
+              api_key=args.api_key)
     if args.sweep is not None:
         try:
             rates = [float(x) for x in args.sweep.split(",") if x.strip()]

@@ -8,19 +8,25 @@
 Why a thread, and why only that thread touches the engine: ``engine.step()`` is one
 long blocking call (a forward pass; torch releases the GIL while it computes). Run on
 the event loop, it would freeze every other connection for the step's duration. So the
-engine lives in one thread, which owns it completely: adding a request (tokenizing,
-validating, queueing), aborting one and stepping all happen there, *between* steps,
-in the order they were asked for. The asyncio side only posts commands to that thread
-and reads results from per-request ``asyncio.Queue`` s, which the engine thread fills
-through ``loop.call_soon_threadsafe`` (the one thread-safe way into an event loop).
-The tokenizer is used by that thread only, too (fast tokenizers are not safe to call
-from two threads at once).
+engine lives in one thread, which owns it completely: adding a request (validating,
+queueing), aborting one and stepping all happen there, *between* steps, in the order
+they were asked for. The asyncio side only posts commands to that thread and reads each
+request's outputs from its stream, which the engine thread fills through
+``loop.call_soon_threadsafe`` (the one thread-safe way into an event loop). A consumer
+that falls behind finds its new outputs merged into one (``RequestStream``): a reader
+that stops reading holds one pending output, not one per step.
 
-    event loop(s)                               engine thread
-    add_request(prompt) --command-->            make_request, scheduler.add
-                                                step(); step(); ...
-    queue.get()        <--call_soon_threadsafe-- new tokens + new text of each request
-    consumer cancelled --abort command-->       engine.abort(request): its KV blocks freed
+Tokenizing is the one part of adding a request that grows with what the client sent, so
+it runs before the engine thread sees the request: text prompts and conversations go
+through ``PromptEncoder`` (``encoder.py``: a worker thread with a tokenizer of its own;
+fast tokenizers are not safe to call from two threads at once), which also refuses early
+what could never fit the context. A huge prompt never delays a step.
+
+    event loop(s)          tokenizer thread      engine thread
+    add_request(prompt) --> encode(prompt) ----> make_request(ids), scheduler.add
+                                                 step(); step(); ...
+    stream             <--call_soon_threadsafe-- new tokens + new text of each request
+    consumer cancelled --abort command---------> engine.abort(request): its KV blocks freed
 
 The thread steps only while it has requests of its own in flight, so an engine shared
 with offline code (``LLM.generate`` on the same ``LLMEngine``, run at another time) is
@@ -37,15 +43,19 @@ from dataclasses import dataclass, fields
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from ..engine import LLMEngine, RequestOutput, build_engine
-from ..inputs import parse_conversation
 from ..metrics import EngineSnapshot
 from ..request import Request
 from ..sampling_params import SamplingParams
+from .encoder import PromptEncoder, chat_prompt_ids
 
 # A params factory gets the prompt's token count and returns the SamplingParams: the
 # server uses it to default max_tokens to the room left in the context, which it can only
 # know once the prompt is tokenized (in the engine thread).
 ParamsFactory = Callable[[int], SamplingParams]
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop is not running (shut down, or a step failed): no request can be served."""
 
 
 @dataclass(slots=True)
@@ -69,13 +79,20 @@ class StreamOutput:
 
 
 class RequestStream:
-    """One request's outputs, as an async iterator. ``abort()`` stops the request."""
+    """One request's outputs, as an async iterator. ``abort()`` stops the request.
+
+    Outputs the consumer has not taken yet are merged as they arrive (``pending``): a
+    consumer that stops reading holds one output with every token since, never a queue
+    that grows by one entry per step.
+    """
 
     def __init__(self, llm: "AsyncLLM", request_id: str):
         self.llm = llm
         self.request_id = request_id
         self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.pending: StreamOutput | BaseException | None = None  # event loop only: what has not been taken
+        self._texts: list[str] = []  # text merged into ``pending`` since, joined when it is taken
+        self._ready = asyncio.Event()
         self.request: Request | None = None  # set by the engine thread once added
         self.cancelled = False  # aborted before the engine thread added it
         self.sent = 0  # output tokens handed out so far (engine thread's counter)
@@ -87,10 +104,13 @@ class RequestStream:
     async def __anext__(self) -> StreamOutput:
         if self.done:
             raise StopAsyncIteration
-        out = await self.queue.get()
-        # A slow consumer finds several outputs waiting: hand them out as one.
-        while not self.queue.empty() and isinstance(out, StreamOutput) and not out.finished:
-            out = _merge(out, self.queue.get_nowait())
+        while self.pending is None:
+            self._ready.clear()
+            await self._ready.wait()
+        out, self.pending = self.pending, None
+        if self._texts:
+            out.text += "".join(self._texts)
+            self._texts = []
         if isinstance(out, BaseException):
             self.done = True
             raise out
@@ -98,22 +118,40 @@ class RequestStream:
             self.done = True
         return out
 
+    def _push(self, out: StreamOutput | BaseException) -> None:
+        """On the event loop: one more output (or the error that ends the stream)."""
+        held = self.pending
+        if isinstance(held, BaseException):
+            pass  # the stream has failed already: that is what its consumer gets
+        elif held is None or isinstance(out, BaseException):  # an error replaces what waits
+            self.pending = out
+            self._texts = []
+        else:  # merged in place (the held output is this stream's alone until taken): O(new tokens)
+            held.token_ids.extend(out.token_ids)
+            self._texts.append(out.text)
+            held.num_prompt_tokens, held.num_output_tokens = out.num_prompt_tokens, out.num_output_tokens
+            held.finished, held.finish_reason, held.output = out.finished, out.finish_reason, out.output
+        self._ready.set()
+
     def abort(self) -> None:
-        """Stop the request (if it still runs) and free its KV blocks, from any thread. Idempotent."""
+        """Stop the request (if it still runs) and free its KV blocks, from any thread. Idempotent.
+        The consumer is done with the stream: iterating it ends."""
         if not self.done:
             self.done = True
             self.llm._submit(lambda: self.llm._abort_stream(self))
 
-
-def _merge(a: StreamOutput, b: Any) -> Any:
-    if isinstance(b, BaseException):
-        return b
-    return StreamOutput(a.request_id, a.token_ids + b.token_ids, a.text + b.text, b.num_prompt_tokens,
-                        b.num_output_tokens, b.finished, b.finish_reason, b.output)
+    def finish_early(self) -> None:
+        """Abort the request but keep the stream: its consumer still gets the final output
+        (finish_reason "abort", the text so far). From any thread; a no-op once finished."""
+        if not self.done:
+            self.llm._submit(lambda: self.llm._abort_stream(self))
 
 
 class AsyncLLM:
     """An asyncio front over one ``LLMEngine``; its step loop runs in a background thread.
+
+    ``counts``: requests added, and finished by reason ("stop", "length", "abort",
+    "error"), kept by the engine thread: every request it accepted ends in exactly one.
 
     ``stats`` is the engine's snapshot (``EngineSnapshot``: queues, KV blocks, counters),
     taken by the engine thread after each step; the server's ``/metrics`` reads it.
@@ -138,6 +176,8 @@ class AsyncLLM:
         self._error: BaseException | None = None  # a step that raised: every later request fails with it
         self._make_request_takes_priority = "priority" in inspect.signature(engine.make_request).parameters
         self.stats: EngineSnapshot = engine.snapshot()  # the engine's state after the last step
+        self.counts: dict[str, int] = {"added": 0}  # engine thread: added, then finished by reason
+        self.encoder = PromptEncoder(engine.tokenizer, engine.max_model_len)
         self._thread = threading.Thread(target=self._loop, name="minillm-engine", daemon=True)
         self._thread.start()
 
@@ -172,15 +212,23 @@ class AsyncLLM:
         if priority is not None and not self._make_request_takes_priority:
             raise ValueError("this engine has no request priorities: leave priority unset")
         self._check_running()
+        arrival = self.engine.clock.now()  # the request's clock starts now: tokenizing counts in its TTFT
+        text = None
+        if self.encoder.tokenizer is not None and (messages is not None or isinstance(prompt, str)):
+            # Off the step loop: the engine thread gets token ids (see encoder.py).
+            text, prompt = await self.encoder.encode(prompt, messages)
+            messages = None
+            self._check_running()
+        elif isinstance(prompt, (list, tuple)):
+            self.encoder.check_ids(prompt)
         stream = RequestStream(self, request_id or f"req-{uuid.uuid4().hex[:16]}")
         accepted: asyncio.Future = stream.loop.create_future()
-        arrival = self.engine.clock.now()  # the request's clock starts now, not when the thread picks it up
 
         def add() -> None:
             try:
                 if stream.cancelled:
                     raise asyncio.CancelledError()
-                self._add(stream, prompt, messages, sampling_params, arrival, priority)
+                self._add(stream, prompt, messages, sampling_params, arrival, priority, text)
             except BaseException as e:  # noqa: BLE001 -- handed to the caller, not swallowed
                 _call_soon(stream.loop, _set_exception, accepted, e)
             else:
@@ -259,7 +307,13 @@ class AsyncLLM:
 
     @property
     def num_in_flight(self) -> int:
+        """Requests in the engine (running or waiting) that have not finished yet."""
         return len(self._streams)
+
+    @property
+    def is_running(self) -> bool:
+        """True while the loop serves requests: not shut down, and no step has failed."""
+        return self._thread.is_alive() and not self._stopping and self._error is None
 
     def shutdown(self) -> None:
         """Stop the loop thread; requests still in flight end with finish_reason "abort"."""
@@ -275,6 +329,7 @@ class AsyncLLM:
         self._commands.clear()
         for stream in list(self._streams.values()):
             self._abort_stream(stream)
+        self.encoder.close()
 
     def __enter__(self) -> "AsyncLLM":
         return self
@@ -293,9 +348,9 @@ class AsyncLLM:
 
     def _check_running(self) -> None:
         if self._stopping:
-            raise RuntimeError("this AsyncLLM has been shut down")
+            raise EngineDeadError("this AsyncLLM has been shut down")
         if self._error is not None:
-            raise RuntimeError(f"the engine loop failed: {self._error!r}") from self._error
+            raise EngineDeadError(f"the engine loop failed: {self._error!r}") from self._error
 
     def _loop(self) -> None:
         engine = self.engine
@@ -326,15 +381,15 @@ class AsyncLLM:
             self.stats = engine.snapshot()
 
     def _add(self, stream: RequestStream, prompt: Any, messages: Any, params: Any, arrival: float,
-             priority: Any) -> None:
+             priority: Any, text: str | None = None) -> None:
         engine = self.engine
         if stream.request_id in self._streams:
             raise ValueError(f"request_id {stream.request_id!r} is already in flight: give a unique id")
-        if messages is not None:
+        if messages is not None:  # only without a tokenizer (the encoder did the rest): raises, saying so
             prompt = chat_prompt_ids(engine.tokenizer, messages)
-        text = None
         if callable(params):
-            text, prompt = engine.tokenize(prompt)  # the factory needs the prompt's length; tokenize once
+            prompt_text, prompt = engine.tokenize(prompt)  # the factory needs the prompt's length; tokenize once
+            text = text if prompt_text is None else prompt_text
             params = params(len(prompt))
         kwargs = {"priority": priority} if priority is not None else {}
         req = engine.make_request(prompt, params, arrival_time=arrival, request_id=stream.request_id, **kwargs)
@@ -343,6 +398,7 @@ class AsyncLLM:
         engine.scheduler.add(req)
         stream.request = req
         self._streams[stream.request_id] = stream
+        self.counts["added"] += 1
 
     def _abort_stream(self, stream: RequestStream, error: BaseException | None = None) -> None:
         stream.cancelled = True
@@ -351,8 +407,12 @@ class AsyncLLM:
             return  # never added, or already finished and handed out
         del self._streams[stream.request_id]
         self.engine.abort(req)  # frees its KV blocks; its text so far is kept
+        self._count("error" if error is not None else "abort")
         final = error if error is not None else self._output(stream, req)
-        _call_soon(stream.loop, stream.queue.put_nowait, final)
+        _call_soon(stream.loop, stream._push, final)
+
+    def _count(self, reason: str) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + 1
 
     def _publish(self) -> None:
         """Hand each request's new tokens and text to its consumer: one wake-up per loop per step."""
@@ -362,7 +422,8 @@ class AsyncLLM:
             if len(req.output_token_ids) > stream.sent or req.is_finished:
                 if req.is_finished:
                     del self._streams[stream.request_id]
-                by_loop.setdefault(stream.loop, []).append((stream.queue, self._output(stream, req)))
+                    self._count(str(req.finish_reason))
+                by_loop.setdefault(stream.loop, []).append((stream, self._output(stream, req)))
         for loop, items in by_loop.items():
             _call_soon(loop, _deliver, items)
 
@@ -384,15 +445,6 @@ class AsyncLLM:
             del records[:len(records) - keep // 2]
 
 
-def chat_prompt_ids(tokenizer: Any, messages: Any) -> list[int]:
-    """A conversation -> the chat template's token ids, ready for the assistant's turn (as ``LLM.chat_prompt``)."""
-    if tokenizer is None:
-        raise ValueError("chat needs the tokenizer of the GGUF, which this engine does not have")
-    messages = parse_conversation(messages)
-    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(enc["input_ids"] if not isinstance(enc, list) else enc)
-
-
 def sampling_params_fields() -> set[str]:
     """The fields this version of SamplingParams has (optional features are looked up, not assumed)."""
     return {f.name for f in fields(SamplingParams)}
@@ -408,8 +460,8 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable, *args: Any) -> Non
 
 
 def _deliver(items: list) -> None:
-    for queue, out in items:
-        queue.put_nowait(out)
+    for stream, out in items:
+        stream._push(out)
 
 
 def _set_result(fut: asyncio.Future, value: Any) -> None:
@@ -422,4 +474,5 @@ def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
-__all__ = ["AsyncLLM", "RequestStream", "StreamOutput", "chat_prompt_ids", "sampling_params_fields"]
+__all__ = ["AsyncLLM", "RequestStream", "StreamOutput", "EngineDeadError", "chat_prompt_ids",
+           "sampling_params_fields"]

@@ -20,6 +20,7 @@ PROMPT_TOKENS = "minillm_prompt_tokens"
 GENERATION_TOKENS = "minillm_generation_tokens"
 REQUEST_SUCCESS = "minillm_request_success"  # by finish reason
 REQUEST_ERRORS = "minillm_request_errors"  # by HTTP status
+REQUEST_ABORTED = "minillm_request_aborted"  # requests the engine accepted and aborted (disconnects, shutdown)
 TTFT = "minillm_time_to_first_token_seconds"
 ITL = "minillm_inter_token_latency_seconds"
 TPOT = "minillm_time_per_output_token_seconds"
@@ -151,6 +152,8 @@ class _EngineCollector:
                     g.add_metric([*values, cls], n)
                 yield g
         yield counter(NUM_PREEMPTIONS, "Requests preempted to free KV blocks", s.num_preemptions)
+        yield counter(REQUEST_ABORTED, "Requests aborted before they finished (client gone, shutdown)",
+                      self.llm.counts.get("abort", 0))
         if s.spec_num_drafts is not None:
             yield counter(SPEC_DRAFT_TOKENS, "Drafted tokens sent to verification", s.spec_num_drafts)
             yield counter(SPEC_ACCEPTED_TOKENS, "Drafted tokens accepted", s.spec_num_accepted)

