@@ -74,9 +74,10 @@ def chunk_causal_mask(num_new_tokens: int, context_len: int) -> torch.Tensor:
     ``context_len - n .. context_len - 1``; the keys are positions ``0 .. context_len - 1``
     (the cached ones and the chunk's own, written to the cache before attention).
 
-    Contract: a bool tensor [n, context_len], True where query j may attend key i,
-    i.e. i <= context_len - n + j. With n == context_len (a whole prompt) it is the
-    ordinary lower-triangular causal mask; with n == 1 (a decode) one row of all True.
+    Contract: a bool tensor [n, context_len], True where query j may attend key i: every
+    key at or before the query's own position, none after it. With n == context_len (a
+    whole prompt) it is the ordinary lower-triangular causal mask; with n == 1 (a decode)
+    one row of all True.
     ``num_new_tokens`` must be in [1, context_len], else ``ValueError``.
 
     This mask is why chunked prefill is exact: each query sees exactly the keys it
@@ -96,23 +97,23 @@ def chunked_prefill_latency(prompt_len: int, num_decodes: int, budget: int, over
     """Napkin math of the trade-off: (TTFT of a long prompt, longest gap between decode tokens).
 
     A prompt of ``prompt_len`` tokens arrives while ``num_decodes`` requests are decoding,
-    with chunked prefill at ``budget`` tokens per step. Model a step's time as
-
-        overhead_s + per_token_s * (tokens fed in the step)
+    with chunked prefill at ``budget`` tokens per step. The cost model of a step: a fixed
+    ``overhead_s`` for any forward, plus ``per_token_s`` for each token it feeds.
 
     Contract:
-      - each step feeds the ``num_decodes`` decode tokens plus a chunk of
-        min(prompt tokens left, budget - num_decodes) prompt tokens, until the prompt
-        is done; the step of its last chunk produces its first token;
-      - TTFT = the sum of those steps' times (the prompt arrives just as the first one starts);
-      - the decoders produce one token per step, so their longest inter-token gap
-        meanwhile is the longest of those steps;
+      - every step feeds the decodes first, then as much of the prompt as the rest of
+        the budget holds (as ``split_budget`` does), until the prompt is done; the step
+        that feeds its last token produces its first token;
+      - the prompt arrives just as a step starts: TTFT is the time from then until the
+        end of the step that produces its first token;
+      - each decoding request gets one token per step; max_itl_s is the longest gap
+        between two of its tokens while the prompt is being fed;
       - returns (ttft_s, max_itl_s); ``budget <= num_decodes`` (no room for the prompt:
         it would never start) -> ``ValueError``.
 
-    Try it: a small budget keeps every gap short but needs many steps, each paying the
-    overhead again, so the first token of the long prompt comes later. Without chunking
-    the decoders would wait one step of overhead_s + per_token_s * prompt_len.
+    Hints: walk the steps one by one (or count them), and mind the last chunk: it can be
+    shorter than the others. Then try a few budgets: which way do the two numbers move,
+    and what would the decoders wait for if the whole prompt went in one step?
 
     Answer, after you try: ``solutions/ch04_chunked_prefill.py`` (the chapter measures
     the same trade-off on the real model).
@@ -147,7 +148,7 @@ def decode_stall_steps(step_ends: list[float], token_times: list[list[float]]) -
 def quiz_answers() -> dict[str, str | float]:
     """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
 
-    Print the questions with ``from minillm.bench import quiz; quiz.show("ch04")`` (the
+    Print the questions with ``from minillm.course import quiz; quiz.show("ch04")`` (the
     chapter's last cells do it). A choice question takes a letter ("b"); a numeric
     question a number (rounded as the question says before it is compared). Leave a
     question out until you have an answer: it is graded as not answered.

@@ -59,10 +59,11 @@ def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
     Shapes: p, q [..., V] -> [...].
 
-    Contract: alpha = E_{x ~ q}[min(1, p(x) / q(x))] = sum_x min(p(x), q(x)),
-    which is 1 - TV(p, q): 1 when the drafter is the target, 0 when they share no token.
+    Contract: alpha = E_{x ~ q}[min(1, p(x) / q(x))], computed exactly (no sampling), one
+    value per row: 1 when the drafter is the target, 0 when they share no token.
 
-    Hints: write out the expectation and simplify q(x) * min(1, p(x)/q(x)).
+    Hints: write out the expectation as a sum over the vocabulary and simplify each term
+    q(x) * min(1, p(x)/q(x)); it needs no division.
 
     Answer, after you try: ``minillm/spec_decode/rejection_sampler.py``, ``acceptance_rate``.
     """
@@ -121,11 +122,12 @@ def expected_tokens_per_forward(alpha: float, k: int) -> float:
     """Mean tokens one verification step emits, if each draft is accepted with probability alpha.
 
     Contract: drafts are accepted independently with probability alpha and the walk
-    stops at the first rejection; the step emits the accepted drafts plus one token, so
-        E = 1 + alpha + alpha^2 + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha),
-    and E = k + 1 when alpha == 1. Always 1 <= E <= k + 1.
+    stops at the first rejection; the step emits the accepted drafts plus one token.
+    Return the expected number of tokens emitted: 1 when alpha == 0, k + 1 when
+    alpha == 1, always 1 <= E <= k + 1, growing with alpha and with k.
 
-    Hints: P(at least i drafts accepted) = alpha^i; watch out for alpha == 1.
+    Hints: the expected number of accepted drafts is a sum over i = 1..k of
+    P(at least i drafts accepted); if you use a closed form, watch out for alpha == 1.
 
     Answer, after you try: ``minillm/spec_decode/rejection_sampler.py``, ``expected_num_emitted``.
     """
@@ -140,8 +142,8 @@ def speculative_speedup(alpha: float, k: int, c_draft: float, c_verify: float) -
     over k + 1 tokens (costs ``c_verify``); each draft is accepted independently with
     probability ``alpha`` and the walk stops at the first rejection.
 
-    Contract: return (tokens a speculative step emits on average) / (what it costs),
-    divided by what plain decoding gets for the same cost (1 token per unit).
+    Contract: return the tokens per unit of cost of speculative decoding, relative to
+    plain decoding's (which gets 1 token per unit).
     ``speculative_speedup(0.0, k, 0.0, 1.0) == 1.0`` (no draft ever accepted, verification
     as cheap as a decode step: exactly plain decoding). Raise ValueError unless
     0 <= alpha <= 1, k >= 1, c_draft >= 0 and c_verify > 0.
@@ -160,10 +162,10 @@ def rollback_blocks(block_ids: list[int], num_tokens: int, block_size: int) -> l
 
     ``block_ids``: the request's block table, grown before the step to hold every draft;
     ``num_tokens``: how many tokens of K/V the request keeps (prompt + accepted output).
-    Contract: remove from the END of ``block_ids`` (in place) every block past the
-    ceil(num_tokens / block_size) the kept tokens need, and return the removed ids in
-    table order (the caller frees them). A block that still holds a kept token stays,
-    even if rejected drafts also wrote into it: their slots are simply overwritten later.
+    Contract: remove from the END of ``block_ids`` (in place) every block past the ones
+    the kept tokens need, and return the removed ids in table order (the caller frees
+    them). A block that still holds a kept token stays, even if rejected drafts also
+    wrote into it: their slots are simply overwritten later.
 
     Answer, after you try: ``minillm/block_manager.py``, ``BlockManager.shrink``.
     """
@@ -186,7 +188,7 @@ def next_num_speculative_tokens(k: int, acceptance: float | None, k_max: int, k_
 def quiz_answers() -> dict[str, str | float]:
     """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
 
-    Print the questions with ``from minillm.bench import quiz; quiz.show("ch05")`` (the
+    Print the questions with ``from minillm.course import quiz; quiz.show("ch05")`` (the
     chapter's last cells do it). A choice question takes a letter ("b"); a numeric
     question a number (rounded as the question says before it is compared). Leave a
     question out until you have an answer: it is graded as not answered.
