@@ -76,7 +76,7 @@ integer marked do_not_specialize:
 What stays constexpr is fixed by the model: GROUP, HEAD_DIM, and the tile
 sizes. For one model and dtype there is exactly one decode binary and one
 reduce binary, whatever the batch, the context lengths or the block size;
-minillm.kernels.aot.reachable_variants enumerates them and minillm.kernels.warmup compiles
+tools/aot_capture.py enumerates them (the audit), and minillm.kernels.warmup compiles
 them before any request is timed.
 """
 
@@ -258,7 +258,7 @@ def _pick_config(head_dim: int, dtype: torch.dtype, gpu: GpuSpec | None) -> dict
         # Interpreter: small tiles make short test sequences cross tile edges.
         return dict(BLOCK_N=16, num_warps=4)
     # K and V tiles of [BLOCK_N, HEAD_DIM], pipelined: ~21 KB of shared memory in
-    # bf16/fp16 and ~43 KB in fp32 (python -m minillm.kernels.aot), far below the 163 KB
+    # bf16/fp16 and ~43 KB in fp32 (python tools/aot_audit.py), far below the 163 KB
     # (A100) / 227 KB (H100) a program may use. fp32 has no tensor cores here
     # (input_precision="ieee"): its dots are FMA loops with every operand in
     # registers, so 8 warps share them; with 4, head_dim 128 spills on sm_90.

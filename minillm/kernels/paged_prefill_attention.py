@@ -180,11 +180,11 @@ def _pick_config(head_dim: int, dtype: torch.dtype, gpu: GpuSpec | None) -> dict
         # more than the 255 registers a thread may have and spills (sm_80: ~16 KB of
         # local-memory traffic per thread). A 32x32 tile over 8 warps needs 48-80
         # registers for head_dim 32..128 on sm_80 and sm_90, with no spills, under
-        # Triton 3.6 and 3.9 alike (python -m minillm.kernels.aot checks it).
+        # Triton 3.6 and 3.9 alike (python tools/aot_audit.py checks it).
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2)
     # bf16/fp16: tensor cores (mma.sync on sm_80, wgmma on sm_90) keep the 64-row
     # tile in 140-240 registers; K and V tiles double-buffered in shared memory
-    # (24-49 KB, python -m minillm.kernels.aot).
+    # (24-49 KB, python tools/aot_audit.py).
     if head_dim <= 64:
         return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
     return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
