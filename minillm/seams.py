@@ -28,6 +28,9 @@ class Seam:
 
 
 SEAMS: dict[str, Seam] = {s.name: s for s in [
+    Seam("rms_norm", "ch00_the_model", "model.RMSNorm: every norm of the forward (the cpu backend's fused layer steps aside)"),
+    Seam("apply_rope", "ch00_the_model", "model.Attention: rotating queries and keys by position"),
+    Seam("sample_next_token", "ch00_the_model", "sampling.sample: the next token of each row"),
     Seam("static_schedule", "ch01_static_batching", "StaticScheduler.schedule: forming a group, decoding it out"),
     Seam("schedule_step", "ch02_continuous_batching", "ContinuousScheduler.schedule: decodes, then FCFS admission"),
     Seam("blocks_needed", "ch03_paged_attention", "block_manager.blocks_needed"),
@@ -36,11 +39,18 @@ SEAMS: dict[str, Seam] = {s.name: s for s in [
     Seam("free_blocks", "ch03_paged_attention", "BlockAllocator.free: drop references, recycle at zero"),
     Seam("choose_victim", "ch03_paged_attention", "PagedScheduler: which running request to preempt"),
     Seam("paged_decode_attention", "ch03_paged_attention", "attention.torch_attention: one decode row"),
+    Seam("store_kv_triton", "ch03_paged_attention", "attention: writing this step's K/V into the paged cache"),
     Seam("split_budget", "ch04_chunked_prefill", "PagedScheduler: prompt tokens each prefill gets this step"),
     Seam("rejection_sample_one", "ch05_speculative_sampling", "Speculator.verify: the rule, one request"),
     Seam("ngram_propose", "ch05_speculative_sampling", "NgramProposer.propose: one suffix length"),
     Seam("rollback_blocks", "ch05_speculative_sampling", "BlockManager.shrink: free rejected drafts' blocks"),
     Seam("next_num_speculative_tokens", "ch05_speculative_sampling", "policy.next_num_speculative_tokens"),
+    Seam("longest_cached_prefix", "ch06_prefix_and_priority", "block_manager.longest_cached_prefix: the prefix-cache lookup"),
+    Seam("allocate_with_eviction", "ch06_prefix_and_priority", "BlockAllocator.allocate with prefix caching: free list, then evict LRU"),
+    Seam("admission_order", "ch06_prefix_and_priority", "scheduler.priority.admission_order"),
+    Seam("poisson_arrivals", "ch07_serving_online", "bench.loadgen.poisson_arrivals: open-loop arrival times"),
+    Seam("goodput", "ch07_serving_online", "bench.loadgen.goodput: requests per second within the SLO"),
+    Seam("next_token_budget", "ch07_serving_online", "bench.sweep.slo_token_budget: the token-budget controller"),
 ]}
 
 _plugged: dict[str, Callable] = {}

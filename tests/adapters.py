@@ -69,3 +69,34 @@ def function(chapter: str, name: str) -> Callable[..., Any]:
 
     call.__name__ = call.__qualname__ = name
     return call
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 5] + " ...)"
+
+
+def first_difference(got: Any, want: Any) -> str:
+    """Where ``got`` first differs from ``want``: an index (nested for lists of lists; a tuple
+    is one value, e.g. a row (request id, tokens)), or the lengths."""
+    if isinstance(got, list) and isinstance(want, list):
+        for i, (g, w) in enumerate(zip(got, want)):
+            if g != w:
+                inner = first_difference(g, w)
+                return f"[{i}]{inner}" if inner.startswith("[") else f"[{i}]: expected {_short(w)}, got {_short(g)}"
+        if len(got) != len(want):
+            return f"length: expected {len(want)}, got {len(got)}"
+    return f": expected {_short(want)}, got {_short(got)}"
+
+
+def expect(got: Any, want: Any, what: str) -> None:
+    """Fail with one line that says what was checked, what was expected and what came back.
+
+    For sequences the line names the first differing index and the two values there,
+    e.g. ``rows of step 3[1]: expected ('b', 1), got ('c', 4)``.
+    """
+    __tracebackhide__ = True
+    if got != want:
+        where = first_difference(got, want)
+        sep = "" if where.startswith(":") else " "
+        pytest.fail(f"{what}{sep}{where}", pytrace=False)
