@@ -15,6 +15,11 @@ keeps ``cached``: hash -> the physical block holding those tokens. Free blocks t
 still hold a cached prefix wait in an *evictable* pool until an allocation needs them.
 Waiting requests carry a priority level (interactive 0, standard 1, batch 2) and each
 level has a queue timeout.
+
+Each of the three functions is also a seam of the engine (``minillm/seams.py``): the
+chapter's "run it in the engine" cell plugs yours into the paged engine with prefix
+caching and the priority scheduler, and checks that the tokens, the step schedule and
+the prefix hits are the library's.
 """
 from __future__ import annotations
 
@@ -52,7 +57,7 @@ def longest_cached_prefix(token_ids: list[int], block_size: int, cached: dict[in
     raise NotImplementedError
 
 
-def allocate_blocks(free_ids: list[int], evictable: list[int], n: int) -> tuple[list[int], list[int]]:
+def allocate_with_eviction(free_ids: list[int], evictable: list[int], n: int) -> tuple[list[int], list[int]]:
     """Hand out ``n`` blocks: never-cached free blocks first, then evict least recently used.
 
     ``free_ids``: free blocks that hold no cached prefix, in the order they were freed;
@@ -71,6 +76,9 @@ def allocate_blocks(free_ids: list[int], evictable: list[int], n: int) -> tuple[
 
     Why this order: a never-cached block costs nothing to reuse; among cached ones, the
     prefix freed longest ago is the least likely to be asked for again.
+
+    (Chapter 3's ``allocate_blocks`` is the plain free list; this is the allocator once
+    the prefix cache has filled the evictable pool, hence the other name.)
 
     Answer, after you try: ``minillm/block_manager.py``, ``BlockAllocator.allocate`` and
     ``lru_victim``.
@@ -99,5 +107,16 @@ def admission_order(waiting: list[tuple[str, int, float]], now: float,
     Hints: ``sorted`` with a key tuple; ``enumerate`` keeps the queue position.
 
     Answer, after you try: ``minillm/scheduler/priority.py``, ``admission_order``.
+    """
+    raise NotImplementedError
+
+
+def quiz_answers() -> dict[str, str | float]:
+    """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
+
+    Print the questions with ``from minillm.course import quiz; quiz.show("ch06")`` (the
+    chapter's last cells do it). A choice question takes a letter ("b"); a numeric
+    question a number (rounded as the question says before it is compared). Leave a
+    question out until you have an answer: it is graded as not answered.
     """
     raise NotImplementedError

@@ -44,8 +44,10 @@ A hit on an evictable block takes it back out of the pool.
 """
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict, deque
-from typing import Any, Iterable, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Sequence
 
 from minillm import seams
 
@@ -204,16 +206,25 @@ class BlockAllocator:
 
         Never-cached free blocks first; then the least recently used evictable ones,
         whose hashes are forgotten (evicted).
+
+        Seams: while the evictable pool is empty this is chapter 3's plain free list
+        (``allocate_blocks``); once it holds cached blocks, chapter 6's choice between the
+        free list and eviction (``allocate_with_eviction``). One lookup either way.
         """
         if n > self.num_free:
             raise NoFreeBlocksError(f"asked for {n} blocks but only {self.num_free} of "
                                     f"{self.num_blocks} are free")
-        mine = seams.plugged("allocate_blocks")  # a learner's free list (chapter 3); no cached blocks
-        if mine is not None and not self.evictable:
-            free = list(self.free_ids)
-            ids = [int(b) for b in mine(free, self.ref_counts, n)]
-            self.free_ids = deque(free)
-            return ids
+        if self.evictable:
+            mine = seams.plugged("allocate_with_eviction")  # a learner's eviction order (chapter 6)
+            if mine is not None:
+                return self._allocate_plugged(mine, n) if n else []
+        else:
+            mine = seams.plugged("allocate_blocks")  # a learner's free list (chapter 3); no cached blocks
+            if mine is not None:
+                free = list(self.free_ids)
+                ids = [int(b) for b in mine(free, self.ref_counts, n)]
+                self.free_ids = deque(free)
+                return ids
         ids = []
         for _ in range(n):
             if self.free_ids:
@@ -226,6 +237,48 @@ class BlockAllocator:
             self.ref_counts[b] = 1
             ids.append(b)
         return ids
+
+    def _allocate_plugged(self, mine: Callable, n: int) -> list[int]:
+        """``allocate`` through a plugged ``allocate_with_eviction(free_ids, evictable, n)``.
+
+        The function gets copies of the free list and of the evictable pool (least
+        recently used first) and returns ``(blocks, evicted)``. Its answer is checked
+        before anything changes: ``n`` distinct blocks, each one offered, ``evicted``
+        exactly the ones taken from the pool, in order. A wrong answer is a ValueError
+        and the allocator is left as it was (no block lost, none handed out twice).
+        """
+        free, pool = list(self.free_ids), list(self.evictable)
+        got = mine(list(free), list(pool), n)
+        where = "allocate_with_eviction (exercises/ch06_prefix_and_priority.py)"
+        try:
+            blocks, evicted = got
+            blocks, evicted = _block_ids(blocks), _block_ids(evicted)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where} must return (blocks, evicted), two lists of block ids; "
+                             f"got {_short(got)}") from None
+        if len(blocks) != n:
+            raise ValueError(f"{where} returned {len(blocks)} blocks for n={n}: {_short(blocks)}")
+        free_set, pool_set, seen = set(free), set(pool), set()
+        for b in blocks:
+            if b in seen:
+                raise ValueError(f"{where} returned block {b} twice: {_short(blocks)}")
+            if b not in free_set and b not in pool_set:
+                raise ValueError(f"{where} returned block {b}, which it was not offered (not free): "
+                                 f"free_ids {_short(free)}, evictable {_short(pool)}")
+            seen.add(b)
+        want = [b for b in blocks if b in pool_set]
+        if evicted != want:
+            raise ValueError(f"{where} returned evicted={_short(evicted)}, but the blocks it took from the "
+                             f"evictable pool are {_short(want)}: evicted lists exactly those, in the order taken")
+        if len(want) < n:  # some came from the free list
+            self.free_ids = deque(b for b in self.free_ids if b not in seen)
+        for b in blocks:
+            if b in pool_set:
+                del self.evictable[b]
+                self.forget(b)
+                self.num_evictions += 1
+            self.ref_counts[b] = 1
+        return blocks
 
     def register(self, block_id: int, block_hash: int, token_ids: Sequence[int]) -> bool:
         """Name an allocated, full block by ``block_hash``. False (nothing changes) when
@@ -306,6 +359,23 @@ class BlockAllocator:
                 assert self.block_hash[b] is None, f"free block {b} still holds a hash"
         assert {h: b for b, h in enumerate(self.block_hash) if h is not None} == self.cached, \
             "the hash table differs from the blocks' hashes"
+
+
+def _block_ids(values: Any) -> list[int]:
+    """``values`` as a list of int block ids (numpy ints too); TypeError for anything else."""
+    if isinstance(values, (str, bytes)):
+        raise TypeError("a string is not a list of block ids")
+    out = []
+    for v in values:
+        if isinstance(v, bool):
+            raise TypeError("a bool is not a block id")
+        out.append(operator.index(v))
+    return out
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 5] + " ...]"
 
 
 def lru_victim(evictable: "OrderedDict[int, None]") -> int:
@@ -394,6 +464,9 @@ class BlockManager:
         if not self.enable_prefix_caching or request.block_ids:
             return []
         max_blocks = (request.num_tokens - 1) // self.block_size
+        mine = seams.plugged("longest_cached_prefix")  # a learner's lookup (chapter 6), when plugged in
+        if mine is not None:
+            return self._lookup_plugged(mine, request, max_blocks)
         a, bs, tokens = self.allocator, self.block_size, request.all_token_ids
         hit, h = [], ROOT_HASH
         for i in range(max_blocks):
@@ -404,6 +477,40 @@ class BlockManager:
             if b is None or a.block_tokens[b] != block:
                 break
             hit.append(b)
+        return hit
+
+    def _lookup_plugged(self, mine: Callable, request: Any, max_blocks: int) -> list[int]:
+        """``lookup_prefix`` through a plugged ``longest_cached_prefix(token_ids, block_size, cached, max_blocks)``.
+
+        The function gets a copy of the tokens and a read-only view of the hash table.
+        Every block it returns is checked against the table before the request may share
+        it: at most ``max_blocks`` blocks, block ``i`` holding the hash of the prompt's
+        block ``i``. A wrong answer is a ValueError naming the seam (never wrong K/V). A
+        block whose hash matches but whose stored tokens differ (a hash collision) ends
+        the run there, a miss, as in the library's lookup.
+        """
+        a, bs = self.allocator, self.block_size
+        tokens = list(request.all_token_ids)
+        got = mine(list(tokens), bs, MappingProxyType(a.cached), max_blocks)
+        where = "longest_cached_prefix (exercises/ch06_prefix_and_priority.py)"
+        try:
+            hit = _block_ids(got)
+        except TypeError:
+            raise ValueError(f"{where} must return a list of block ids, got {_short(got)}") from None
+        rid = getattr(request, "request_id", request)
+        if len(hit) > max_blocks:
+            raise ValueError(f"{where} returned {len(hit)} blocks for request {rid!r} of {request.num_tokens} "
+                             f"tokens: at most max_blocks = {max_blocks} (the last prompt token is always "
+                             f"computed); got {_short(hit)}")
+        for i, h in enumerate(block_hashes(tokens, bs, len(hit))):
+            b = hit[i]
+            if not 0 <= b < a.num_blocks or a.block_hash[b] != h:
+                holder = a.cached.get(h)
+                truth = "is not cached: the run stops there" if holder is None else f"is cached in block {holder}"
+                raise ValueError(f"{where} returned block {b} at position {i} for request {rid!r}, but that "
+                                 f"block does not hold the prompt's block {i} (which {truth}); got {_short(hit)}")
+            if a.block_tokens[b] != tuple(tokens[i * bs:(i + 1) * bs]):
+                return hit[:i]  # a hash collision: a miss, never wrong K/V
         return hit
 
     def can_share_prefix(self, request: Any, hit: list[int], num_tokens: int, admit: bool = True) -> bool:

@@ -23,7 +23,7 @@ def longest_cached_prefix(token_ids: list[int], block_size: int, cached: dict[in
     return block_manager.longest_cached_prefix(token_ids, block_size, cached, max_blocks)
 
 
-def allocate_blocks(free_ids: list[int], evictable: list[int], n: int) -> tuple[list[int], list[int]]:
+def allocate_with_eviction(free_ids: list[int], evictable: list[int], n: int) -> tuple[list[int], list[int]]:
     """``BlockAllocator.allocate`` on an allocator in the given state: free list first, then evict LRU."""
     if n > len(free_ids) + len(evictable):
         raise ValueError(f"asked for {n} blocks but only {len(free_ids) + len(evictable)} are free")
@@ -36,7 +36,8 @@ def allocate_blocks(free_ids: list[int], evictable: list[int], n: int) -> tuple[
         a.block_hash[b] = b
         a.cached[b] = b
     blocks = a.allocate(n)
-    evicted = [b for b in blocks if b in set(evictable)]
+    pool = set(evictable)
+    evicted = [b for b in blocks if b in pool]
     return blocks, evicted
 
 
@@ -45,3 +46,10 @@ def admission_order(waiting: list[tuple[str, int, float]], now: float,
     """``minillm/scheduler/priority.py``, ``admission_order``, on stand-ins for requests."""
     reqs = [SimpleNamespace(request_id=rid, priority=level, arrival_time=t) for rid, level, t in waiting]
     return [r.request_id for r in priority.admission_order(reqs, now, lambda level: timeouts[level])]
+
+
+def quiz_answers() -> dict[str, str | float]:
+    """q1: at most (64 - 1) // 16 = 3 blocks are shared, the last block is computed; q2: seven requests find
+    the system prompt's 12 full blocks, 7 * 192 / (8 * 240); q3: the least recently freed block; q4: the timed-out
+    batch job first, then by class."""
+    return {"q1": 16, "q2": 0.7, "q3": "a", "q4": "c"}

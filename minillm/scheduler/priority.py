@@ -24,11 +24,15 @@ requests and help nobody. A request that has not timed out waits for room: nobod
 behind it jumps the queue.
 
 With every request in one class and no timeouts this is first come, first served.
+
+The admission order is a seam (``minillm/seams.py``): chapter 6's ``admission_order``
+exercise, on (request id, level, arrival time) tuples, can take the library's place.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
+from .. import seams
 from ..request import Request
 
 
@@ -44,8 +48,57 @@ def admission_key(request: Request, position: int, now: float, timeout_of: Calla
 
 def admission_order(waiting: Sequence[Request], now: float, timeout_of: Callable[[int], float]) -> list[Request]:
     """The arrived waiting requests in the order the priority scheduler admits them."""
+    mine = seams.plugged("admission_order")  # a learner's order (chapter 6), when plugged in
+    if mine is not None:
+        return _plugged_admission_order(mine, waiting, now, timeout_of)
     arrived = [(i, r) for i, r in enumerate(waiting) if r.arrival_time <= now]
     return [r for i, r in sorted(arrived, key=lambda ir: admission_key(ir[1], ir[0], now, timeout_of))]
+
+
+def _plugged_admission_order(mine: Callable, waiting: Sequence[Request], now: float,
+                             timeout_of: Callable[[int], float]) -> list[Request]:
+    """``admission_order`` through a plugged ``admission_order(waiting, now, timeouts)`` on plain values.
+
+    The function gets (request id, priority level, arrival time) per waiting request, in
+    queue order, and a dict level -> queue timeout (the three classes and every level
+    waiting); it returns request ids. The answer must name every arrived waiting request
+    once and nobody else, or it is a ValueError naming the seam (the scheduler then
+    changes nothing).
+    """
+    where = "admission_order (exercises/ch06_prefix_and_priority.py)"
+    by_id = {r.request_id: r for r in waiting}
+    if len(by_id) != len(waiting):
+        raise ValueError(f"{where} needs distinct request ids, and two waiting requests share one")
+    tuples = [(r.request_id, r.priority, r.arrival_time) for r in waiting]
+    timeouts = {level: timeout_of(level) for level in sorted({0, 1, 2} | {r.priority for r in waiting})}
+    got = mine(tuples, now, timeouts)
+    try:
+        ids = list(got)
+        order, seen = [], set()
+        for rid in ids:
+            r = by_id.get(rid)
+            if r is None:
+                raise ValueError(f"{where} returned {rid!r}, which is not a waiting request; "
+                                 f"waiting: {_short([t[0] for t in tuples])}")
+            if rid in seen:
+                raise ValueError(f"{where} returned {rid!r} twice: {_short(ids)}")
+            if r.arrival_time > now:
+                raise ValueError(f"{where} returned {rid!r}, which has not arrived yet "
+                                 f"(arrival {r.arrival_time:.6g} > now {now:.6g}): leave it out")
+            seen.add(rid)
+            order.append(r)
+    except TypeError:
+        raise ValueError(f"{where} must return a list of request ids, got {_short(got)}") from None
+    if len(order) < sum(1 for r in waiting if r.arrival_time <= now):
+        missing = [r.request_id for r in waiting if r.arrival_time <= now and r.request_id not in seen]
+        raise ValueError(f"{where} left out {_short(missing)}, which have arrived: every arrived waiting "
+                         f"request must be in the order; got {_short(ids)}")
+    return order
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 5] + " ...]"
 
 
 def pick_victim(running: Sequence[Request], below_level: int | None = None,

@@ -1,7 +1,8 @@
 """Grades exercises/ch06_prefix_and_priority.py (or solutions/, with MINILLM_IMPL=solutions).
 
 Oracles are written here in plain Python, never taken from minillm, so the tests stay
-meaningful for the solutions. The whole file runs in about a second.
+meaningful for the solutions. Every failure is one line: what was checked, what was
+expected and what came back (``adapters.expect``). The whole file runs in about a second.
 """
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import random
 import pytest
 
 import adapters
+from minillm.course import quiz
 
 pytestmark = pytest.mark.exercises
 
 CHAPTER = "ch06_prefix_and_priority"
 longest_cached_prefix = adapters.function(CHAPTER, "longest_cached_prefix")
-allocate_blocks = adapters.function(CHAPTER, "allocate_blocks")
+allocate_with_eviction = adapters.function(CHAPTER, "allocate_with_eviction")
 admission_order = adapters.function(CHAPTER, "admission_order")
+quiz_answers = adapters.function(CHAPTER, "quiz_answers")
 
 
 def chain(tokens, bs):
@@ -27,33 +30,61 @@ def chain(tokens, bs):
     return out
 
 
+def expect_value_error(call, what: str) -> None:
+    """``call()`` must raise ValueError; one line saying what came instead."""
+    __tracebackhide__ = True
+    try:
+        call()
+    except ValueError:
+        return
+    except Exception as e:  # a stub's NotImplementedError is reported by adapters, not here
+        pytest.fail(f"{what}: expected ValueError, got {type(e).__name__}: {e}", pytrace=False)
+    pytest.fail(f"{what}: expected ValueError, got no error", pytrace=False)
+
+
+def as_pair(got, what: str) -> tuple[list, list]:
+    """``(blocks, evicted)`` as two lists; one line when the result has another shape."""
+    __tracebackhide__ = True
+    try:
+        blocks, evicted = got
+        return list(blocks), list(evicted)
+    except (TypeError, ValueError):
+        pytest.fail(f"{what}: expected a pair (blocks, evicted) of lists, got {got!r}", pytrace=False)
+
+
 # ---------------------------------------------------------------- longest_cached_prefix
 
 
 def test_lookup_example():
     toks = [5, 6, 7, 8, 9]
     h = chain(toks, 2)
-    got = longest_cached_prefix(toks, 2, {h[0]: 4, h[1]: 1})
-    assert got == [4, 1], f"both full blocks are cached (blocks 4 and 1): expected [4, 1], got {got}"
+    adapters.expect(longest_cached_prefix(toks, 2, {h[0]: 4, h[1]: 1}), [4, 1],
+                    "lookup of [5, 6, 7, 8, 9], block size 2, both full blocks cached (in blocks 4 and 1)")
 
 
 def test_lookup_is_a_chain_not_a_set_of_blocks():
     a, b = [1, 2, 3, 4], [9, 9, 3, 4]
     ha = chain(a, 2)
-    assert longest_cached_prefix(b, 2, {ha[0]: 0, ha[1]: 1}) == [], \
-        "block [3, 4] after [9, 9] is not block [3, 4] after [1, 2]: its hash must include its parent's"
-    assert longest_cached_prefix(a, 2, {ha[1]: 1}) == [], "stop at the first miss: block 1 is useless without block 0"
-    assert longest_cached_prefix(a, 4, {}) == []
+    adapters.expect(longest_cached_prefix(b, 2, {ha[0]: 0, ha[1]: 1}), [],
+                    "lookup of [9, 9, 3, 4] when [1, 2, 3, 4] is cached (block [3, 4] after [9, 9] is another "
+                    "block: its hash includes its parent's)")
+    adapters.expect(longest_cached_prefix(a, 2, {ha[1]: 1}), [],
+                    "lookup of [1, 2, 3, 4] with only its second block cached (stop at the first miss: block 1 "
+                    "is useless without block 0)")
+    adapters.expect(longest_cached_prefix(a, 4, {}), [], "lookup in an empty cache")
 
 
 def test_lookup_max_blocks_and_partial_blocks():
     toks = list(range(10))
     h = chain(toks, 3)  # 3 full blocks; the 10th token is a partial block, never cached
     cached = {x: i + 20 for i, x in enumerate(h)}
-    assert longest_cached_prefix(toks, 3, cached) == [20, 21, 22]
-    assert longest_cached_prefix(toks, 3, cached, 2) == [20, 21], "max_blocks caps the run"
-    assert longest_cached_prefix(toks[:9], 3, cached, (9 - 1) // 3) == [20, 21], \
-        "the engine's cap leaves the last prompt token to compute"
+    adapters.expect(longest_cached_prefix(toks, 3, cached), [20, 21, 22],
+                    "lookup of 10 tokens, block size 3, its 3 full blocks cached (in 20, 21, 22)")
+    adapters.expect(longest_cached_prefix(toks, 3, cached, 2), [20, 21],
+                    "the same lookup with max_blocks=2 (max_blocks caps the run)")
+    adapters.expect(longest_cached_prefix(toks[:9], 3, cached, (9 - 1) // 3), [20, 21],
+                    "lookup of a 9-token prompt with the engine's cap (9 - 1) // 3 = 2 (the last prompt token "
+                    "is always computed)")
 
 
 def test_lookup_random():
@@ -73,34 +104,43 @@ def test_lookup_random():
                 break
             want.append(cached[x])
         before = dict(cached)
-        assert longest_cached_prefix(list(q), bs, cached) == want, f"tokens {q}, block size {bs}"
-        assert cached == before, "longest_cached_prefix must not modify cached"
+        adapters.expect(longest_cached_prefix(list(q), bs, cached), want,
+                        f"lookup of tokens {q}, block size {bs}")
+        adapters.expect(cached == before, True, f"cached left unmodified by the lookup of tokens {q}")
 
 
-# ---------------------------------------------------------------- allocate_blocks
+# ---------------------------------------------------------------- allocate_with_eviction
 
 
 def test_allocate_example():
-    got = allocate_blocks([7], [3, 5, 1], 3)
-    assert got == ([7, 3, 5], [3, 5]) or tuple(got) == ([7, 3, 5], [3, 5]), (
-        f"the never-cached block 7 first, then evict the least recently used 3 and 5: expected "
-        f"([7, 3, 5], [3, 5]), got {got}")
+    what = "allocate_with_eviction(free [7], evictable [3, 5, 1], n=3)"
+    blocks, evicted = as_pair(allocate_with_eviction([7], [3, 5, 1], 3), what)
+    adapters.expect(blocks, [7, 3, 5], f"blocks of {what} (the never-cached 7 first, then the least recently "
+                                       f"used 3 and 5)")
+    adapters.expect(evicted, [3, 5], f"evicted of {what}")
 
 
 def test_allocate_prefers_never_cached_blocks():
-    blocks, evicted = allocate_blocks([2, 0, 9], [4, 6], 2)
-    assert list(blocks) == [2, 0] and list(evicted) == [], "no eviction while never-cached blocks are free"
-    blocks, evicted = allocate_blocks([], [4, 6, 8], 3)
-    assert list(blocks) == [4, 6, 8] == list(evicted)
-    assert tuple(map(list, allocate_blocks([1], [2], 0))) == ([], [])
+    what = "allocate_with_eviction(free [2, 0, 9], evictable [4, 6], n=2)"
+    blocks, evicted = as_pair(allocate_with_eviction([2, 0, 9], [4, 6], 2), what)
+    adapters.expect(blocks, [2, 0], f"blocks of {what} (no eviction while never-cached blocks are free)")
+    adapters.expect(evicted, [], f"evicted of {what}")
+    what = "allocate_with_eviction(free [], evictable [4, 6, 8], n=3)"
+    blocks, evicted = as_pair(allocate_with_eviction([], [4, 6, 8], 3), what)
+    adapters.expect(blocks, [4, 6, 8], f"blocks of {what}")
+    adapters.expect(evicted, [4, 6, 8], f"evicted of {what}")
+    what = "allocate_with_eviction(free [1], evictable [2], n=0)"
+    adapters.expect(as_pair(allocate_with_eviction([1], [2], 0), what), ([], []), what)
 
 
 def test_allocate_too_many_and_inputs_untouched():
     free, ev = [1, 2], [3]
-    with pytest.raises(ValueError):
-        allocate_blocks(free, ev, 4)
-    allocate_blocks(free, ev, 3)
-    assert free == [1, 2] and ev == [3], "allocate_blocks must not modify its inputs"
+    expect_value_error(lambda: allocate_with_eviction(free, ev, 4),
+                       "allocate_with_eviction(free [1, 2], evictable [3], n=4): more blocks than are free")
+    adapters.expect((free, ev), ([1, 2], [3]), "(free_ids, evictable) after asking for too many blocks")
+    allocate_with_eviction(free, ev, 3)
+    adapters.expect((free, ev), ([1, 2], [3]), "(free_ids, evictable) after allocate_with_eviction(.., n=3): "
+                                               "the inputs are not modified")
 
 
 def test_allocate_random():
@@ -110,9 +150,11 @@ def test_allocate_random():
         k = rng.randint(0, len(ids))
         free, ev = ids[:k], ids[k:]
         n = rng.randint(0, len(ids))
-        blocks, evicted = allocate_blocks(list(free), list(ev), n)
+        what = f"allocate_with_eviction(free {free}, evictable {ev}, n={n})"
+        blocks, evicted = as_pair(allocate_with_eviction(list(free), list(ev), n), what)
         want = (free + ev)[:n]
-        assert list(blocks) == want and list(evicted) == [b for b in want if b in ev], (free, ev, n)
+        adapters.expect(blocks, want, f"blocks of {what}")
+        adapters.expect(evicted, [b for b in want if b in ev], f"evicted of {what}")
 
 
 # ---------------------------------------------------------------- admission_order
@@ -121,24 +163,26 @@ T = {0: 0.05, 1: 0.2, 2: 1.0}
 
 
 def test_admission_example():
-    got = admission_order([("i_new", 0, 1.98), ("b_old", 2, 0.0), ("s_old", 1, 1.7)], 2.0, T)
-    assert got == ["s_old", "b_old", "i_new"], (
-        f"b_old and s_old waited past their timeouts (standard before batch), i_new did not: "
-        f"expected ['s_old', 'b_old', 'i_new'], got {got}")
+    adapters.expect(admission_order([("i_new", 0, 1.98), ("b_old", 2, 0.0), ("s_old", 1, 1.7)], 2.0, T),
+                    ["s_old", "b_old", "i_new"],
+                    "admission order at now=2.0 (b_old and s_old waited past their timeouts, standard before "
+                    "batch; i_new did not)")
 
 
 def test_admission_classes_then_queue_order():
     w = [("b1", 2, 0.0), ("s1", 1, 0.0), ("i1", 0, 0.0), ("b2", 2, 0.0), ("i2", 0, 0.0), ("later", 0, 9.0)]
-    assert admission_order(w, 0.01, T) == ["i1", "i2", "s1", "b1", "b2"], \
-        "lower level first, queue order within a level; a request that has not arrived is left out"
-    assert admission_order(w, 0.01, T) == admission_order(list(w), 0.01, T)
+    adapters.expect(admission_order(list(w), 0.01, T), ["i1", "i2", "s1", "b1", "b2"],
+                    f"admission order of {w} at now=0.01 (lower level first, queue order within a level; "
+                    f"'later' has not arrived)")
 
 
 def test_admission_timeout_is_strict():
-    assert admission_order([("a", 1, 0.0), ("b", 0, 0.19)], 0.2, T) == ["b", "a"], \
-        "a waited exactly its 0.2 s timeout: not past it, so the higher class goes first"
-    assert admission_order([("a", 1, 0.0), ("b", 0, 0.22)], 0.25, T) == ["a", "b"], \
-        "a waited past its timeout, b did not: a first, whatever the classes"
+    adapters.expect(admission_order([("a", 1, 0.0), ("b", 0, 0.19)], 0.2, T), ["b", "a"],
+                    "admission order at now=0.2 of a (standard, arrived 0.0) and b (interactive, arrived 0.19): "
+                    "a waited exactly its 0.2 s timeout, not past it")
+    adapters.expect(admission_order([("a", 1, 0.0), ("b", 0, 0.22)], 0.25, T), ["a", "b"],
+                    "admission order at now=0.25 of a (standard, arrived 0.0) and b (interactive, arrived 0.22): "
+                    "a waited past its timeout, b did not")
 
 
 def test_admission_random():
@@ -148,4 +192,17 @@ def test_admission_random():
         now = round(rng.uniform(0, 3), 2)
         keyed = [((0 if now - t > T[lv] else 1), lv, i, rid) for i, (rid, lv, t) in enumerate(w) if t <= now]
         want = [k[-1] for k in sorted(keyed)]
-        assert admission_order(list(w), now, T) == want, f"waiting {w} at {now}"
+        adapters.expect(admission_order(list(w), now, T), want,
+                        f"admission order at now={now} of waiting {w}")
+
+
+# ---------------------------------------------------------------- questions
+
+
+@pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
+def test_quiz(qid):
+    answers = quiz_answers()
+    adapters.expect(type(answers).__name__, "dict", "the type quiz_answers() returns (a dict of answers)")
+    ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
+    if not ok:
+        pytest.fail(f"question {why}", pytrace=False)
