@@ -8,6 +8,11 @@ repository root:
 Each docstring gives the contract the tests check and hints. Once you have tried,
 compare with the file of ``minillm/`` named at the end of the docstring. Plain Python
 (``random``, ``math``) is all you need; do not import the answers from ``minillm``.
+
+The first three functions are also seams of the library (``minillm/seams.py``): plugged
+in, yours make the arrival times of every open-loop run, count its goodput, and decide the
+token budget of ``run_open_loop(..., slo_itl=...)``'s controller. The chapter's last part
+runs them in the engine that way.
 """
 from __future__ import annotations
 
@@ -84,6 +89,17 @@ def next_token_budget(budget: int, itl_p95: float | None, target: float, min_bud
     p95 0.18 -> 256; p95 0.35 with budget 12 -> 8 (the floor).
 
     Answer, after you try: ``minillm/bench/sweep.py``, ``slo_token_budget`` (and
-    ``run_open_loop(..., controller=...)``, which applies it between engine steps).
+    ``run_open_loop(..., slo_itl=...)``, which applies it between engine steps).
+    """
+    raise NotImplementedError
+
+
+def quiz_answers() -> dict[str, str | float]:
+    """Your answers to this chapter's questions: {"q1": ..., "q2": ...}.
+
+    Print the questions with ``from minillm.course import quiz; quiz.show("ch07")`` (the
+    chapter's last cells do it). A choice question takes a letter ("b"); a numeric
+    question a number (rounded as the question says before it is compared). Leave a
+    question out until you have an answer: it is graded as not answered.
     """
     raise NotImplementedError

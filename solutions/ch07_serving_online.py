@@ -32,3 +32,8 @@ def next_token_budget(budget: int, itl_p95: float | None, target: float, min_bud
     """``slo_token_budget``: additive increase, multiplicative decrease, clamped."""
     return slo_token_budget(budget, itl_p95, target, min_budget=min_budget, max_budget=max_budget,
                             decrease=decrease, increase=increase, headroom=headroom)
+
+
+def quiz_answers() -> dict[str, str | float]:
+    """q2: twice 0.20 s is 0.40 s, first passed at 3 requests/s; q3: only the 14 requests within both SLOs count, over 10 s."""
+    return {"q1": "b", "q2": 3.0, "q3": 1.4, "q4": "c"}

@@ -29,6 +29,12 @@ Goodput: requests per second that finished *and* met the SLO (TTFT <= slo_ttft a
 TPOT <= slo_tpot), the number a service is paid for (DistServe, Zhong et al. 2024).
 Throughput counts every finished request, however late.
 
+The arrivals and the goodput are seams (``minillm/seams.py``, chapter 7's exercises): a
+plugged ``poisson_arrivals(rate, n, seed)`` makes the arrival times of every open-loop run
+(this generator's and ``minillm.bench.sweep.run_open_loop``'s), a plugged
+``goodput(ttfts, tpots, duration, slo_ttft, slo_tpot)`` counts every run's goodput. What a
+plugged function returns is checked here: a wrong shape is a ValueError naming the seam.
+
 It imports nothing from the engine: the same command measures any OpenAI-compatible
 server. Trace files are JSON lines, one request each:
 
@@ -48,11 +54,13 @@ import math
 import os
 import random
 import sys
+import numbers
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from minillm import seams
 from minillm.bench.prompts import INSTRUCTIONS
 
 DEFAULT_PROMPTS = INSTRUCTIONS[:12]  # short instructions: the first twelve of bench/prompts.py's
@@ -70,16 +78,44 @@ class LoadRequest:
 # -- arrivals and requests ---------------------------------------------------------------------
 
 def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
-    """``n`` arrival times (seconds from 0, the first at 0) of a Poisson process at ``rate`` per second."""
+    """``n`` arrival times (seconds from 0, the first at 0) of a Poisson process at ``rate`` per second.
+
+    A plugged ``poisson_arrivals`` (chapter 7) makes them instead, once the arguments are
+    checked here; its list is checked too (``n`` finite numbers, the first 0, never going back).
+    """
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0 or not math.isfinite(rate):
         raise ValueError(f"rate must be a finite number > 0 requests per second, got {rate!r}")
     _check_count("n", n)
+    mine = seams.plugged("poisson_arrivals")  # a learner's version (chapter 7), when plugged in
+    if mine is not None:
+        return _checked_arrivals(mine(rate, n, seed), n)
     rng = random.Random(f"poisson:{seed}")
     t, out = 0.0, []
     for _ in range(n):
         out.append(t)
         t += rng.expovariate(rate)
     return out
+
+
+def _checked_arrivals(times: Any, n: int) -> list[float]:
+    """What a plugged ``poisson_arrivals`` returned, as a list of floats; ValueError if it cannot be arrivals."""
+    where = "the poisson_arrivals seam (exercises/ch07_serving_online.py::poisson_arrivals)"
+    if isinstance(times, (str, bytes, dict)) or not isinstance(times, Sequence):
+        raise ValueError(f"{where} returned a {type(times).__name__}: return a list of {n} arrival times in seconds")
+    times = list(times)
+    if len(times) != n:
+        raise ValueError(f"{where} returned {len(times)} arrival times for n={n}: return one per request")
+    for i, t in enumerate(times):
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"{where}: arrival [{i}] is {t!r}; every arrival must be a finite number of "
+                             f"seconds >= 0")
+    if times[0] != 0:
+        raise ValueError(f"{where}: the first arrival is {times[0]!r}; the first request arrives at 0.0")
+    for i in range(1, n):
+        if times[i] < times[i - 1]:
+            raise ValueError(f"{where}: arrival [{i}] ({times[i]!r}) comes before arrival [{i - 1}] "
+                             f"({times[i - 1]!r}); add each gap to the previous time (arrivals never go back)")
+    return [float(t) for t in times]
 
 
 def make_requests(num_requests: int, output_tokens: int | Sequence[int] | None = None,
@@ -202,11 +238,38 @@ def meets_slo(record: dict, slo_ttft: float, slo_tpot: float) -> bool:
 def goodput(records: Sequence[dict], slo_ttft: float = 1.0, slo_tpot: float = 0.2,
             duration: float | None = None) -> float:
     """Requests per second that met the SLO. ``duration`` defaults to the span of the run:
-    from the first arrival to the last request's end."""
-    good = sum(meets_slo(r, slo_ttft, slo_tpot) for r in records)
+    from the first arrival to the last request's end.
+
+    A plugged ``goodput`` (chapter 7) counts instead, on two lists made from the records: each
+    request's TTFT (None when it failed) and TPOT (None with a single token). It is asked only
+    when the duration and both SLOs are > 0 (otherwise the goodput is 0 requests/s, or no
+    request can meet the SLO); what it returns is checked.
+    """
     if duration is None:
         duration = _span(records)
+    mine = seams.plugged("goodput")  # a learner's version (chapter 7), when plugged in
+    if mine is not None and duration and duration > 0 and slo_ttft > 0 and slo_tpot > 0:
+        ttfts = [r["ttft"] if r["ok"] else None for r in records]
+        tpots = [r["tpot"] if r["ok"] else None for r in records]
+        return _checked_goodput(mine(ttfts, tpots, duration, slo_ttft, slo_tpot), len(records), duration)
+    good = sum(meets_slo(r, slo_ttft, slo_tpot) for r in records)
     return good / duration if duration and duration > 0 else 0.0
+
+
+def _checked_goodput(value: Any, n: int, duration: float) -> float:
+    """What a plugged ``goodput`` returned, as a float; ValueError if it cannot be a goodput of ``n`` requests."""
+    where = "the goodput seam (exercises/ch07_serving_online.py::goodput)"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where} returned {value!r}: return a number of requests per second >= 0 "
+                         f"(requests that met the SLO / duration)")
+    count = float(value) * duration
+    if abs(count - round(count)) > 1e-6 * max(1.0, count):
+        raise ValueError(f"{where} returned {value!r} for a duration of {duration:g} s, i.e. {count:g} requests: "
+                         f"return (the number of requests that met the SLO) / duration")
+    if round(count) > n:
+        raise ValueError(f"{where} returned {value!r}: {round(count)} requests per {duration:g} s, but the run "
+                         f"has {n}; count each request at most once")
+    return float(value)
 
 
 def _span(records: Sequence[dict]) -> float:

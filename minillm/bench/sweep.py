@@ -27,16 +27,24 @@ given) is no better than the baseline's.
     python -m minillm.bench.sweep --configs all --rates 0.25,0.5,1,2,3 --num-requests 16 \\
         --output-tokens 32 --json sweep.json --plot sweep.png
     python -m minillm.bench.sweep --capacity-fractions 0.25,0.5,0.75,1,1.5 ...   # rates from this machine
+
+Chapter 7's exercises plug in here (``minillm/seams.py``): ``poisson_arrivals`` makes every
+run's arrival times (through ``arrival_offsets``), ``goodput`` counts each run's goodput
+(``summarize_requests``), and ``next_token_budget`` is the rule of ``slo_token_budget``, the
+controller that ``run_open_loop(..., slo_itl=...)`` applies between engine steps.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import numbers
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from minillm import seams
+from minillm.bench import loadgen
 from minillm.bench.summary import percentiles
 from minillm.sampling_params import SamplingParams
 
@@ -104,10 +112,9 @@ def arrival_offsets(rate: float, n: int, seed: int = 0) -> list[float]:
     """Seconds after the start at which ``n`` Poisson arrivals at ``rate`` per second come:
     the first at 0, then exponential gaps of mean 1 / rate. The load generator's own
     (``minillm.bench.loadgen.poisson_arrivals``), so an in-process sweep and one through the
-    server see the same arrivals; with one seed, every rate scales the same pattern."""
-    from minillm.bench.loadgen import poisson_arrivals
-
-    return poisson_arrivals(check_rate(rate), _positive_int("n", n), seed)
+    server see the same arrivals; with one seed, every rate scales the same pattern. A plugged
+    ``poisson_arrivals`` (chapter 7) makes them."""
+    return loadgen.poisson_arrivals(check_rate(rate), _positive_int("n", n), seed)
 
 
 def representative_seed(n: int, tolerance: float = 0.1, start: int = 0) -> int:
@@ -133,27 +140,34 @@ def meets_slo(ttft: float | None, tpot: float | None, slo_ttft: float, slo_tpot:
 
 def summarize_requests(requests: Sequence[Any], rate: float, start: float, slo_ttft: float = 1.0,
                        slo_tpot: float = 0.2) -> dict[str, Any]:
-    """The sweep's numbers of one run, from the requests' own timestamps (``RequestMetrics``)."""
+    """The sweep's numbers of one run, from the requests' own timestamps (``RequestMetrics``).
+
+    The goodput is ``loadgen.goodput``'s on one record per request (one that did not finish
+    counts as failed), so a plugged ``goodput`` (chapter 7) counts it."""
     ms = [r.metrics for r in requests]
-    done = [m for m in ms if m.finish_time is not None and m.first_token_time is not None]
+    finished = [m.finish_time is not None and m.first_token_time is not None for m in ms]
+    done = [m for m, ok in zip(ms, finished) if ok]
     end = max((m.finish_time for m in done), default=start)
     wall = end - start
     tokens = sum(len(r.output_token_ids) for r in requests)
     ttft = percentiles([m.ttft for m in done])
-    ok = sum(meets_slo(m.ttft, m.tpot, slo_ttft, slo_tpot) for m in done)
+    records = [{"ok": ok, "ttft": m.ttft if ok else None, "tpot": m.tpot if ok else None}
+               for m, ok in zip(ms, finished)]
+    good = loadgen.goodput(records, slo_ttft, slo_tpot, wall) if wall > 0 else 0.0
     return dict(rate=rate, throughput_tok_s=tokens / wall if wall > 0 else 0.0,
                 ttft_p50=ttft["p50"], ttft_p95=ttft["p95"], ttft_p99=ttft["p99"],
                 tpot_p50=percentiles([m.tpot for m in done], (50,))["p50"],
                 itl_p95=percentiles([x for m in done for x in m.itls], (95,))["p95"],
                 e2e_p50=percentiles([m.e2e for m in done], (50,))["p50"],
-                goodput=ok / wall if wall > 0 else 0.0, num_ok=len(done), num_failed=len(ms) - len(done))
+                goodput=good, num_ok=len(done), num_failed=len(ms) - len(done))
 
 
 def run_open_loop(engine: Any, prompts: Sequence[Sequence[int]], rate: float, num_requests: int,
                   output_tokens: int, seed: int = 0, slo_ttft: float = 1.0, slo_tpot: float = 0.2,
                   on_request: Callable[[Any], None] | None = None,
                   controller: Callable[[int, float | None], int] | None = None,
-                  control_every: float = 1.0) -> tuple[dict[str, Any], list]:
+                  control_every: float = 1.0, *, slo_itl: float | None = None, min_budget: int | None = None,
+                  max_budget: int | None = None) -> tuple[dict[str, Any], list]:
     """Poisson arrivals at ``rate`` into ``engine``, stepped in this thread until all finish.
 
     Prompt i is ``prompts[i % len(prompts)]``; each request generates exactly
@@ -161,8 +175,13 @@ def run_open_loop(engine: Any, prompts: Sequence[Sequence[int]], rate: float, nu
     ``on_request`` sees each request when it is made (a dashboard's ``source.track``).
     ``controller(budget, itl_p95) -> budget``, if given, is called every ``control_every``
     seconds with the scheduler's token budget and the p95 ITL of the last interval; what it
-    returns becomes the budget (``slo_token_budget`` is one). The budgets it set are in
-    ``summary["budgets"]`` as (seconds, budget) pairs.
+    returns becomes the budget. ``slo_itl`` (seconds) instead runs the SLO controller,
+    ``slo_token_budget`` with that target, between ``min_budget`` (default: the scheduler's
+    ``max_num_seqs``, one step's decodes) and ``max_budget`` (default: the budget at the
+    start); a plugged ``next_token_budget`` (chapter 7) makes its decisions. The budgets set
+    are in ``summary["budgets"]`` as (seconds, budget) pairs, and every decision in
+    ``summary["controls"]`` as (seconds, budget, p95 ITL, next budget): the inputs and the
+    output of each call, so the rule can be checked on them after the run.
     Returns (summary, requests).
     """
     rate = check_rate(rate)
@@ -170,6 +189,22 @@ def run_open_loop(engine: Any, prompts: Sequence[Sequence[int]], rate: float, nu
     _positive_int("output_tokens", output_tokens)
     if not prompts:
         raise ValueError("prompts must hold at least one prompt")
+    sched = engine.scheduler
+    settings = None
+    if slo_itl is not None:
+        if controller is not None:
+            raise ValueError("give controller= (your own rule) or slo_itl= (the SLO controller), not both")
+        settings = dict(target=slo_itl, min_budget=sched.max_num_seqs if min_budget is None else min_budget,
+                        max_budget=sched.max_num_batched_tokens if max_budget is None else max_budget)
+        _check_budget_settings(**settings)
+
+        def controller(budget: int, itl_p95: float | None) -> int:
+            return slo_token_budget(budget, itl_p95, settings["target"], min_budget=settings["min_budget"],
+                                    max_budget=settings["max_budget"])
+    elif min_budget is not None or max_budget is not None:
+        raise ValueError("min_budget and max_budget bound the SLO controller: give slo_itl= with them")
+    if isinstance(control_every, bool) or not isinstance(control_every, (int, float)) or not control_every >= 0:
+        raise ValueError(f"control_every must be a number of seconds >= 0, got {control_every!r}")
     params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
     offsets = arrival_offsets(rate, num_requests, seed)
     start = time.perf_counter()
@@ -182,14 +217,19 @@ def run_open_loop(engine: Any, prompts: Sequence[Sequence[int]], rate: float, nu
             on_request(r)
     requests = list(pending)
     pending.reverse()  # pop() takes the next arrival
-    sched = engine.scheduler
-    budgets, last_control = [(0.0, sched.max_num_batched_tokens)], start
+    budgets, controls, last_control = [(0.0, sched.max_num_batched_tokens)], [], start
     while pending or engine.has_unfinished():
         now = time.perf_counter()
         while pending and pending[-1].arrival_time <= now:
             sched.add(pending.pop())  # the request arrives: it joins the queue
         if controller is not None and now - last_control >= control_every:
-            new_budget = controller(sched.max_num_batched_tokens, recent_itl_p95(requests, last_control))
+            budget, itl_p95 = sched.max_num_batched_tokens, recent_itl_p95(requests, last_control)
+            new_budget = controller(budget, itl_p95)
+            if isinstance(new_budget, bool) or not isinstance(new_budget, numbers.Integral) or new_budget < 1:
+                raise ValueError(f"the controller returned {new_budget!r} for budget {budget} and p95 ITL "
+                                 f"{itl_p95!r}: return the next token budget, an integer >= 1")
+            new_budget = int(new_budget)
+            controls.append((now - start, budget, itl_p95, new_budget))
             if new_budget != sched.max_num_batched_tokens:
                 sched.max_num_batched_tokens = new_budget
                 budgets.append((now - start, new_budget))
@@ -200,7 +240,9 @@ def run_open_loop(engine: Any, prompts: Sequence[Sequence[int]], rate: float, nu
             time.sleep(max(0.0, min(pending[-1].arrival_time - time.perf_counter(), 0.05)))
     summary = summarize_requests(requests, rate, start, slo_ttft, slo_tpot)
     if controller is not None:
-        summary["budgets"] = budgets
+        summary["budgets"], summary["controls"] = budgets, controls
+    if settings is not None:
+        summary["controller"] = settings
     return summary, requests
 
 
@@ -219,17 +261,17 @@ def slo_token_budget(budget: int, itl_p95: float | None, target: float, *, min_b
 
     Always clamped to [min_budget, max_budget]. ``min_budget`` must hold one step's decodes
     (``max_num_seqs``); the budget only bounds prompt chunks with chunked prefill on.
+
+    A plugged ``next_token_budget`` (chapter 7) decides instead, once the settings are
+    checked here; its answer is checked too (an integer within the bounds, never above the
+    budget while the p95 ITL is over the target).
     """
-    for name, v in (("budget", budget), ("min_budget", min_budget), ("max_budget", max_budget),
-                    ("increase", increase)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "increase" else 1):
-            raise ValueError(f"{name} must be an integer >= {0 if name == 'increase' else 1}, got {v!r}")
-    if min_budget > max_budget:
-        raise ValueError(f"min_budget ({min_budget}) must be <= max_budget ({max_budget})")
-    if not (isinstance(target, (int, float)) and target > 0):
-        raise ValueError(f"target must be a number of seconds > 0, got {target!r}")
-    if not 0 < decrease < 1 or not 0 < headroom <= 1:
-        raise ValueError(f"decrease must be in (0, 1) and headroom in (0, 1], got {decrease!r}, {headroom!r}")
+    _positive_int("budget", budget)
+    _check_budget_settings(target, min_budget, max_budget, decrease, increase, headroom)
+    mine = seams.plugged("next_token_budget")  # a learner's version (chapter 7), when plugged in
+    if mine is not None:
+        got = mine(budget, itl_p95, target, min_budget, max_budget, decrease, increase, headroom)
+        return _checked_budget(got, budget, itl_p95, target, min_budget, max_budget)
     if itl_p95 is None:
         nxt = budget
     elif itl_p95 > target:
@@ -239,6 +281,35 @@ def slo_token_budget(budget: int, itl_p95: float | None, target: float, *, min_b
     else:
         nxt = budget
     return max(min_budget, min(max_budget, nxt))
+
+
+def _check_budget_settings(target: float, min_budget: int, max_budget: int, decrease: float = 0.5,
+                           increase: int = 16, headroom: float = 0.8) -> None:
+    for name, v in (("min_budget", min_budget), ("max_budget", max_budget), ("increase", increase)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "increase" else 1):
+            raise ValueError(f"{name} must be an integer >= {0 if name == 'increase' else 1}, got {v!r}")
+    if min_budget > max_budget:
+        raise ValueError(f"min_budget ({min_budget}) must be <= max_budget ({max_budget})")
+    if isinstance(target, bool) or not (isinstance(target, (int, float)) and target > 0):
+        raise ValueError(f"target must be a number of seconds > 0, got {target!r}")
+    if not 0 < decrease < 1 or not 0 < headroom <= 1:
+        raise ValueError(f"decrease must be in (0, 1) and headroom in (0, 1], got {decrease!r}, {headroom!r}")
+
+
+def _checked_budget(got: Any, budget: int, itl_p95: float | None, target: float, min_budget: int,
+                    max_budget: int) -> int:
+    """What a plugged ``next_token_budget`` returned, as an int; ValueError if the engine cannot take it."""
+    where = (f"the next_token_budget seam (exercises/ch07_serving_online.py::next_token_budget), "
+             f"for budget {budget} and p95 ITL {itl_p95!r} (target {target!r} s),")
+    if isinstance(got, bool) or not isinstance(got, numbers.Integral):
+        raise ValueError(f"{where} returned {got!r}: return the next budget as an int (math.floor a product)")
+    if not min_budget <= got <= max_budget:
+        raise ValueError(f"{where} returned {got}, outside [min_budget, max_budget] = [{min_budget}, {max_budget}]: "
+                         f"clamp the result to the bounds")
+    if itl_p95 is not None and itl_p95 > target and got > max(budget, min_budget):
+        raise ValueError(f"{where} returned {got}, more than the budget, while the p95 ITL is over the target: "
+                         f"a broken SLO must lower the budget (budget * decrease), never raise it")
+    return int(got)
 
 
 def recent_itl_p95(requests: Sequence[Any], since: float) -> float | None:

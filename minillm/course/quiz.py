@@ -153,6 +153,49 @@ QUIZZES: dict[str, list[Question]] = {
             "the batch is large enough that the step is bound by compute, so verifying k + 1 tokens costs "
             "about k + 1 steps")),
     ],
+    "ch06": [
+        _q("q1", """Prefix caching, blocks of 16 tokens. A prompt of 64 tokens was served before and all 4 of its
+            blocks are still cached. The same prompt arrives again: how many of its tokens does the engine
+            compute?""", "c4e451698beda7caf09c", decimals=0),
+        _q("q2", """Eight requests, each a 200-token system prompt (the same for all) followed by a 40-token
+            question of its own (the questions differ from their first token); blocks of 16 tokens, caching on,
+            all eight admitted one after the other in the same step. What is the prefix-cache hit rate, hit
+            tokens over prompt tokens? (2 decimals)""", "be5d7f774c65f7492a08", decimals=2),
+        _q("q3", """Caching on, the plain free list is empty. The evictable pool holds the blocks of conversation X,
+            which finished a minute ago, then those of conversation Y, which finished just now (a finishing
+            request frees its blocks last block first). A new request needs one block: which one does the
+            allocator take?""", "6dc600be487e04175f96",
+           ("X's last block", "X's first block", "Y's last block",
+            "none: a block that can still be hit is never reused, so the request waits")),
+        _q("q4", """Priority scheduling, queue timeouts interactive 0.05 s, standard 0.2 s, batch 1 s. At 2.0 s
+            the queue holds, in arrival order, b (batch, arrived at 0.5 s), s (standard, arrived at 1.9 s) and i
+            (interactive, arrived at 1.99 s). With room for all three, in which order are they admitted?""",
+           "7aaf2b2d8d3c84579498", ("i, s, b", "b, s, i", "b, i, s", "i, b, s")),
+    ],
+    "ch07": [
+        _q("q1", """Why does this chapter's load generator send requests open-loop (Poisson arrivals) rather than
+            from N clients that each wait for their answer?""", "1602e04649bd5391fd75",
+           ("an open loop needs fewer connections to the server",
+            "a closed loop slows its own arrivals down when the server slows down, so the queue that independent "
+            "users would build never forms and the latency under load looks better than it is",
+            "an open loop is the only way to stream tokens",
+            "a closed loop sends every request at once")),
+        _q("q2", """A sweep measures the median TTFT at offered rates 0.5, 1, 2, 3 and 4 requests/s:
+            0.20, 0.22, 0.35, 0.55 and 2.1 s. With the chapter's rule (the knee is the lowest rate whose median
+            TTFT is more than twice its value at the lowest rate), where is the knee, in requests/s?
+            (1 decimal)""", "5313e37429f632d9ba0d", decimals=1),
+        _q("q3", """A 10 s run: 24 requests sent, 2 rejected (HTTP 429), 22 finished. Of the finished ones, 14
+            met TTFT <= 1 s and TPOT <= 0.2 s, 5 had a TTFT over 1 s and 3 a TPOT over 0.2 s. The throughput is
+            2.2 requests/s; what is the goodput, in requests/s? (1 decimal)""", "0a2ec67a3fe15125f950",
+           decimals=1),
+        _q("q4", """The SLO controller measures a p95 inter-token latency above its target. What does it do, and
+            why does that help?""", "b91cec11c45d8b22b57b",
+           ("it raises the token budget, so waiting prompts finish their prefill in fewer steps",
+            "it rejects new requests until the p95 is back under the target",
+            "it cuts the token budget (multiplicatively): prompt chunks get smaller, each step is shorter, and "
+            "the running decodes wait less between their tokens",
+            "it keeps the budget: a p95 over the target is normal under load")),
+    ],
 }
 
 
