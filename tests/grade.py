@@ -4,8 +4,16 @@ Run from the repository root:
 
     python tests/grade.py                    # every chapter, your code in exercises/
     python tests/grade.py ch00               # one chapter (ch00, ch00_the_model, 00 or 0)
-    python tests/grade.py -v                 # also list every failing test and why
+    python tests/grade.py -v                 # every failing test on its own line, in full
     python tests/grade.py --impl solutions --strict   # the reference answers; exit 1 on any failure
+
+Under the table, each unfinished chapter lists the functions still to write (their stubs
+raise NotImplementedError) and why tests failed, one line per distinct reason, the first
+five reasons only. A reason says what was checked, what was expected and what came back,
+e.g. "rows of the step (...): expected [('a', 1), ('b', 2)], got [('a', 1)]". With ``-v``
+every failing test gets its own line with its whole first line of reason, followed by up
+to three more lines of its failure message (both values whole, the contract, or the
+tensor comparison's report), and each function to write names the tests waiting on it.
 
 Unfinished exercises are not an error: the exit status is 0 unless pytest itself
 could not run, or ``--strict`` is given and a test failed. In a notebook, run
@@ -39,6 +47,7 @@ class Chapter:
     points: dict[str, int] = field(default_factory=dict)  # test id -> points it is worth
     outcome: dict[str, str] = field(default_factory=dict)  # test id -> passed | failed | skipped
     reason: dict[str, str] = field(default_factory=dict)  # test id -> first line of the failure
+    more: dict[str, list[str]] = field(default_factory=dict)  # test id -> the lines after it
     errors: list[str] = field(default_factory=list)  # collection errors
 
     def tests(self, outcome: str) -> list[str]:
@@ -79,28 +88,45 @@ class Collector:
 
     def pytest_collectreport(self, report) -> None:
         if report.failed:
-            self._chapter(report.nodeid.split("::")[0]).errors.append(_first_line(report))
+            self._chapter(report.nodeid.split("::")[0]).errors.append(_reason_lines(report)[0])
 
     def pytest_runtest_logreport(self, report) -> None:
         chapter = self._chapter(report.nodeid.split("::")[0])
         if report.failed:  # a failure in setup, call or teardown fails the test
             chapter.outcome[report.nodeid] = "failed"
-            chapter.reason.setdefault(report.nodeid, _first_line(report))
+            if report.nodeid not in chapter.reason:
+                first, *more = _reason_lines(report)
+                chapter.reason[report.nodeid], chapter.more[report.nodeid] = first, more
         elif report.skipped and report.nodeid not in chapter.outcome:
             chapter.outcome[report.nodeid] = "skipped"
         elif report.when == "call" and report.passed:
             chapter.outcome.setdefault(report.nodeid, "passed")
 
 
-def _first_line(report) -> str:
-    """The line that says why: our one-line messages as they are, else the exception line."""
+def _reason_lines(report) -> list[str]:
+    """Why a test failed, from the line the table shows on: a message given to pytest.fail
+    (the adapters' expect helpers) as it is, else the exception's lines of the traceback,
+    from the exception line (``AssertionError: ...``, ``TypeError: ...``) on."""
     text = str(report.longrepr or "")
     errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
-    lines = errors or [line.strip() for line in text.splitlines() if line.strip()]
+    lines = [l for l in errors if l] or [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
-        return "failed"
-    line = next((l for l in lines if l.startswith(("Failed:", "AssertionError"))), lines[0])
-    return line.removeprefix("Failed: ").removeprefix("AssertionError: ")
+        return ["failed"]
+    if errors:  # a traceback: start at the exception line
+        start = next((i for i, l in enumerate(lines) if l.startswith(("Failed:", "AssertionError"))), 0)
+        lines = lines[start:]
+        if not lines[0].startswith(("Failed:", "AssertionError")):  # a crash: say where it happened
+            where = re.findall(r"^(\S+\.py):(\d+): in (\S+)$", text, flags=re.M)
+            if where:
+                path, line, func = where[-1]
+                lines = lines[:1] + [f"raised at {path}:{line}, in {func}"] + lines[1:]
+    lines[0] = lines[0].removeprefix("Failed: ").removeprefix("AssertionError: ")
+    return lines
+
+
+def _first_line(report) -> str:
+    """The line the table shows: what was checked, expected and got (or the exception line)."""
+    return _reason_lines(report)[0]
 
 
 def find_chapters(selected: list[str]) -> list[Path]:
@@ -169,8 +195,13 @@ def table(chapters: list[Chapter], impl: str) -> str:
     return "\n".join(lines)
 
 
-def details(chapters: list[Chapter], impl: str, verbose: bool, limit: int = 5) -> str:
-    """What to do next, per chapter: functions still to write, then failing tests and why."""
+def details(chapters: list[Chapter], impl: str, verbose: bool, limit: int = 5, more_lines: int = 3) -> str:
+    """What to do next, per chapter: functions still to write, then failing tests and why.
+
+    Short (the default): one line per distinct reason (tests failing for the same reason
+    share it), at most ``limit`` of them. ``verbose``: every failing test on its own line
+    with its reason, then up to ``more_lines`` further lines of its message, indented;
+    each function to write lists the tests that wait on it."""
     blocks = []
     for ch in chapters:
         failed = [t for t in ch.graded if ch.outcome.get(t) != "passed"]
@@ -178,24 +209,35 @@ def details(chapters: list[Chapter], impl: str, verbose: bool, limit: int = 5) -
             continue
         lines = [f"{ch.name} ({impl}/{ch.name}.py)"]
         lines += [f"  could not collect the tests: {err}" for err in ch.errors]
-        todo: list[str] = []  # function names, in the order the tests meet them
+        todo: dict[str, list[str]] = {}  # function name -> its tests, in the order the tests meet them
         broken: dict[str, list[str]] = {}  # reason -> tests, so one import error is one line
         for t in failed:
-            reason = ch.reason.get(t, "failed")
+            reason, name = ch.reason.get(t, "failed"), t.split("::", 1)[-1]
             if reason.startswith(adapters.NOT_IMPLEMENTED):
-                name = reason.split("::")[-1]
-                todo += [name] if name not in todo else []
+                todo.setdefault(reason.split("::")[-1], []).append(name)
             else:
-                broken.setdefault(reason, []).append(t.split("::", 1)[-1])
-        if todo:
+                broken.setdefault(reason, []).append(t)
+        if todo and verbose:
+            lines.append("  to write:")
+            lines += [f"    {fn} (tests: {', '.join(tests)})" for fn, tests in todo.items()]
+        elif todo:
             lines.append(f"  to write: {', '.join(todo)}")
-        groups = list(broken.items())
-        shown = groups if verbose else groups[:limit]
-        for reason, tests in shown:
-            names = tests[0] if len(tests) == 1 else f"{len(tests)} tests ({', '.join(tests[:2])}, ...)"
-            lines.append(f"  FAILED {names}: {reason}")
-        if len(shown) < len(groups):
-            lines.append(f"  ... and {len(groups) - len(shown)} more (python tests/grade.py -v)")
+        if verbose:
+            for t in (t for tests in broken.values() for t in tests):
+                lines.append(f"  FAILED {t.split('::', 1)[-1]}: {ch.reason.get(t, 'failed')}")
+                lines += [f"      {line}" for line in ch.more.get(t, [])[:more_lines]]
+        else:
+            groups = list(broken.items())
+            for reason, tests in groups[:limit]:
+                names = [t.split("::", 1)[-1] for t in tests]
+                shown = names[0] if len(names) == 1 else f"{len(names)} tests ({', '.join(names[:2])}, ...)"
+                lines.append(f"  FAILED {shown}: {reason}")
+            hidden = len(groups) - limit
+            tests_with_more = sum(1 for tests in broken.values() for t in tests if ch.more.get(t))
+            if hidden > 0:
+                lines.append(f"  ... and {hidden} more (python tests/grade.py -v)")
+            elif len(failed) - sum(len(v) for v in todo.values()) > len(groups) or tests_with_more:
+                lines.append("  (every failing test, in full: python tests/grade.py -v)")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
@@ -206,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", choices=adapters.IMPLS, default=os.environ.get(adapters.ENV_VAR) or "exercises",
                         help="grade your exercises (default) or the reference solutions")
     parser.add_argument("--strict", action="store_true", help="exit 1 if any test fails (for CI)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="list every failing test")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="every failing test on its own line, with more of its message")
     parser.add_argument("--pytest-output", action="store_true", help="show pytest's own report as well")
     args = parser.parse_args(argv)
 

@@ -49,30 +49,24 @@ def test_rms_norm_formula():
     x = torch.randn(2, 3, 64, generator=_gen(0))  # [..., D] with two leading dims
     w = 1 + 0.1 * torch.randn(64, generator=_gen(1))
     out = rms_norm(x, w, 1e-5)
-    assert isinstance(out, torch.Tensor) and out.shape == x.shape, (
-        f"rms_norm must return a tensor shaped like x {tuple(x.shape)}, got "
-        f"{getattr(out, 'shape', type(out).__name__)}"
-    )
-    assert out.dtype == torch.float32, f"float32 in, float32 out; got {out.dtype}"
-    torch.testing.assert_close(
-        out.double(), _rms_norm_ref(x, w, 1e-5), atol=1e-5, rtol=1e-5,
-        msg=lambda m: "rms_norm must be x / sqrt(mean(x**2, last dim) + eps) * weight\n" + m,
-    )
+    what = "rms_norm(x [2, 3, 64] float32, weight [64], eps=1e-5)"
+    adapters.expect(adapters.shape_of(out), tuple(x.shape), f"{what}: shape")
+    adapters.expect(out.dtype, torch.float32, f"{what}: dtype")
+    adapters.expect_close(out.double(), _rms_norm_ref(x, w, 1e-5),
+                          f"{what} vs x / sqrt(mean(x**2, last dim) + eps) * weight in float64", atol=1e-5, rtol=1e-5)
 
 
 def test_rms_norm_eps_and_scale_invariance():
     x = torch.randn(4, 32, generator=_gen(2))
     ones = torch.ones(32)
-    torch.testing.assert_close(
-        rms_norm(3.0 * x, ones, 0.0), rms_norm(x, ones, 0.0),
-        msg=lambda m: "with eps=0, rms_norm(c * x) must equal rms_norm(x): RMSNorm only rescales\n" + m,
-    )
+    adapters.expect_close(rms_norm(3.0 * x, ones, 0.0), rms_norm(x, ones, 0.0),
+                          "rms_norm(3 * x, weight 1, eps=0) vs rms_norm(x, weight 1, eps=0) (x [4, 32])",
+                          note="with eps=0 RMSNorm does not see a common factor of x")
     tiny = torch.full((1, 32), 1e-3)  # rms 1e-3: eps = 1e-6 = rms**2 matters here
     expected = 1e-3 / math.sqrt(1e-6 + 1e-6)
-    torch.testing.assert_close(
-        rms_norm(tiny, ones, 1e-6), torch.full((1, 32), expected),
-        msg=lambda m: "eps goes inside the square root: x / sqrt(mean(x**2) + eps)\n" + m,
-    )
+    adapters.expect_close(rms_norm(tiny, ones, 1e-6), torch.full((1, 32), expected),
+                          "rms_norm(x = 1e-3 everywhere [1, 32], weight 1, eps=1e-6) vs 1e-3 / sqrt(1e-6 + 1e-6)",
+                          note="the formula: x / sqrt(mean(x**2) + eps) * weight")
 
 
 def test_rms_norm_matches_transformers():
@@ -84,13 +78,12 @@ def test_rms_norm_matches_transformers():
         hf = hf.to(dtype)
         x = torch.randn(5, 48, generator=_gen(4)).to(dtype)
         out = rms_norm(x, hf.weight.detach(), 1e-6)
-        assert out.dtype == dtype, f"rms_norm must return x.dtype ({dtype}) when weight has x.dtype, got {out.dtype}"
+        what = f"rms_norm(x [5, 48] {dtype}, weight {dtype}, eps=1e-6)"
+        adapters.expect(adapters.shape_of(out), (5, 48), f"{what}: shape")
+        adapters.expect(out.dtype, dtype, f"{what}: dtype (x's dtype)")
         with torch.no_grad():
             expected = hf(x)
-        torch.testing.assert_close(
-            out, expected, atol=tol, rtol=tol,
-            msg=lambda m: f"rms_norm must match transformers' LlamaRMSNorm in {dtype}\n" + m,
-        )
+        adapters.expect_close(out, expected, f"{what} vs transformers' LlamaRMSNorm", atol=tol, rtol=tol)
 
 
 def test_rms_norm_statistics_in_float32():
@@ -98,15 +91,17 @@ def test_rms_norm_statistics_in_float32():
     x = (1000 * torch.randn(3, 64, generator=_gen(5))).half()
     w = torch.ones(64, dtype=torch.float16)
     out = rms_norm(x, w, 1e-5)
-    assert out.dtype == torch.float16, f"float16 in, float16 out; got {out.dtype}"
-    assert torch.isfinite(out).all() and out.abs().max() > 0.1, (
-        "rms_norm must compute mean(x**2) in float32: in float16 the squares of values above ~256 "
-        "overflow to inf and the output collapses to 0"
-    )
-    torch.testing.assert_close(
-        out.double(), _rms_norm_ref(x, w, 1e-5), atol=1e-2, rtol=1e-2,
-        msg=lambda m: "rms_norm in float16 must match the float64 formula to float16 precision\n" + m,
-    )
+    what = "rms_norm(x [3, 64] float16 with |x| ~ 1000, weight 1, eps=1e-5)"
+    adapters.expect(adapters.shape_of(out), (3, 64), f"{what}: shape")
+    adapters.expect(out.dtype, torch.float16, f"{what}: dtype")
+    note = "in float16 the squares of values above ~256 overflow (max 65504); mean(x**2) in float32 does not"
+    bad = int((~torch.isfinite(out)).sum())
+    adapters.expect_that(bad == 0, what, "finite values", f"{bad} of {out.numel()} values inf or NaN", note=note)
+    top = float(out.abs().max())
+    adapters.expect_that(top > 0.1, what, "a largest |value| above 0.1 (the formula gives "
+                         f"{float(_rms_norm_ref(x, w, 1e-5).abs().max()):.3g})", f"{top:.3g}", note=note)
+    adapters.expect_close(out.double(), _rms_norm_ref(x, w, 1e-5), f"{what} vs the formula in float64",
+                          atol=1e-2, rtol=1e-2)
 
 
 # ---------------------------------------------------------------- RoPE
@@ -137,33 +132,29 @@ _POSITIONS = torch.tensor([0, 1, 2, 3, 0, 1, 0, 7, 100, 2047])
 def test_rope_cos_sin_values():
     cos, sin = rope_cos_sin(_POSITIONS, 64, 100000.0)
     T = len(_POSITIONS)
+    what = f"rope_cos_sin(positions {_POSITIONS.tolist()}, head_dim 64, theta 1e5)"
     for name, t in (("cos", cos), ("sin", sin)):
-        assert isinstance(t, torch.Tensor) and t.shape == (T, 64), (
-            f"rope_cos_sin must return {name} shaped [T, head_dim] = [{T}, 64], "
-            f"got {getattr(t, 'shape', type(t).__name__)}"
-        )
-        assert t.dtype == torch.float32, f"{name} must be float32, got {t.dtype}"
+        adapters.expect(adapters.shape_of(t), (T, 64), f"{what}: shape of {name}")
+        adapters.expect(t.dtype, torch.float32, f"{what}: dtype of {name}")
     ref_cos, ref_sin = _rope_ref(_POSITIONS, 64, 100000.0)
-    contract = "angle[t, i] = positions[t] / theta ** (2i / head_dim), repeated twice along the last dim\n"
-    torch.testing.assert_close(cos.double(), ref_cos, atol=1e-3, rtol=0, msg=lambda m: "cos: " + contract + m)
-    torch.testing.assert_close(sin.double(), ref_sin, atol=1e-3, rtol=0, msg=lambda m: "sin: " + contract + m)
+    contract = "angle[t, i] = positions[t] / theta ** (2i / head_dim), repeated twice along the last dim"
+    adapters.expect_close(cos.double(), ref_cos, f"{what}: cos vs cos(angle) in float64", atol=1e-3, rtol=0,
+                          note=contract)
+    adapters.expect_close(sin.double(), ref_sin, f"{what}: sin vs sin(angle) in float64", atol=1e-3, rtol=0,
+                          note=contract)
 
 
 def test_rope_cos_sin_layout():
     cos, sin = rope_cos_sin(torch.arange(6), 8, 10000.0)
-    assert torch.equal(cos[:, :4], cos[:, 4:]) and torch.equal(sin[:, :4], sin[:, 4:]), (
-        "rotate-half layout: columns i and i + head_dim/2 must hold the same angle (cat([freqs, freqs]))"
-    )
-    torch.testing.assert_close(
-        cos[0], torch.ones(8), msg=lambda m: "position 0 has angle 0 for every pair: cos = 1\n" + m
-    )
-    torch.testing.assert_close(
-        sin[0], torch.zeros(8), msg=lambda m: "position 0 has angle 0 for every pair: sin = 0\n" + m
-    )
-    torch.testing.assert_close(
-        sin[:, 0], torch.arange(6).float().sin(),
-        msg=lambda m: "pair 0 turns at frequency theta**0 = 1 radian per position\n" + m,
-    )
+    what = "rope_cos_sin(positions 0..5, head_dim 8, theta 1e4)"
+    for name, t in (("cos", cos), ("sin", sin)):
+        adapters.expect(adapters.shape_of(t), (6, 8), f"{what}: shape of {name}")
+        # rotate-half layout: columns i and i + head_dim/2 hold the same angle (cat([freqs, freqs]))
+        adapters.expect(t[:, 4:].tolist(), t[:, :4].tolist(), f"{what}: {name}[:, 4:] vs {name}[:, :4]")
+    adapters.expect_close(cos[0], torch.ones(8), f"{what}: cos at position 0 (angle 0) vs 1")
+    adapters.expect_close(sin[0], torch.zeros(8), f"{what}: sin at position 0 (angle 0) vs 0")
+    adapters.expect_close(sin[:, 0], torch.arange(6).float().sin(),
+                          f"{what}: sin[:, 0] vs sin(position) (pair 0 turns 1 radian per position)")
 
 
 def test_apply_rope_formula():
@@ -171,14 +162,12 @@ def test_apply_rope_formula():
     x = torch.randn(T, H, D, generator=_gen(6))
     cos, sin = (t.float() for t in _rope_ref(_POSITIONS, D, 10000.0))
     out = apply_rope(x, cos, sin)
-    assert isinstance(out, torch.Tensor) and out.shape == (T, H, D), (
-        f"apply_rope must return [T, H, D] = {(T, H, D)}, got {getattr(out, 'shape', type(out).__name__)}"
-    )
-    torch.testing.assert_close(
-        out.double(), _apply_rope_ref(x, cos, sin), atol=1e-5, rtol=1e-5,
-        msg=lambda m: "apply_rope rotates each pair (x[i], x[i + D/2]) by its angle, the same for every head; "
-                      "pairs are halves, not neighbours (2i, 2i + 1)\n" + m,
-    )
+    what = f"apply_rope(x [{T}, {H}, {D}], cos, sin of positions {_POSITIONS.tolist()})"
+    adapters.expect(adapters.shape_of(out), (T, H, D), f"{what}: shape")
+    adapters.expect_close(out.double(), _apply_rope_ref(x, cos, sin),
+                          f"{what} vs each pair (x[i], x[i + D/2]) rotated by its angle, in float64",
+                          atol=1e-5, rtol=1e-5, note="the same angle for every head; pairs are halves, "
+                                                     "not neighbours (2i, 2i + 1)")
 
 
 def test_apply_rope_matches_transformers():
@@ -194,11 +183,10 @@ def test_apply_rope_matches_transformers():
         ref_q, ref_k = llama.apply_rotary_pos_emb(q, k, c, s, unsqueeze_dim=1)
         for name, x, ref in (("queries", q, ref_q), ("keys", k, ref_k)):
             out = apply_rope(x, c, s)
-            assert out.dtype == dtype, f"apply_rope must return x.dtype ({dtype}), got {out.dtype}"
-            torch.testing.assert_close(
-                out, ref, atol=tol, rtol=tol,
-                msg=lambda m: f"apply_rope on {name} in {dtype} must match transformers' apply_rotary_pos_emb\n" + m,
-            )
+            what = f"apply_rope({name} {list(x.shape)} {dtype}, cos, sin of positions 0, 3, .., 18)"
+            adapters.expect(adapters.shape_of(out), tuple(x.shape), f"{what}: shape")
+            adapters.expect(out.dtype, dtype, f"{what}: dtype (x's dtype)")
+            adapters.expect_close(out, ref, f"{what} vs transformers' apply_rotary_pos_emb", atol=tol, rtol=tol)
 
 
 def test_apply_rope_encodes_relative_positions():
@@ -212,21 +200,18 @@ def test_apply_rope_encodes_relative_positions():
         rk = apply_rope(k, cos[n:n + 1], sin[n:n + 1])
         return float((rq * rk).sum())
 
-    torch.testing.assert_close(
-        apply_rope(q, cos[:1], sin[:1]), q, msg=lambda m: "position 0 must leave x unchanged\n" + m
-    )
+    adapters.expect_close(apply_rope(q, cos[:1], sin[:1]), q, "apply_rope(x [1, 1, 32], position 0) vs x")
     rotated = apply_rope(q.expand(6, 1, D).contiguous(), cos, sin)
-    torch.testing.assert_close(
-        rotated.norm(dim=-1), q.norm(dim=-1).expand(6, 1),
-        msg=lambda m: "a rotation preserves the norm of every head vector\n" + m,
-    )
+    adapters.expect_close(rotated.norm(dim=-1), q.norm(dim=-1).expand(6, 1),
+                          f"norms of apply_rope(x, positions {positions.tolist()}) vs the norm of x",
+                          note="a rotation preserves the norm of every head vector")
     # distance 4 twice (9 - 5 and 16 - 12); then distances 5 and 40 from the same key
-    assert score(2, 1) == pytest.approx(score(4, 3), abs=1e-4), (
-        "q.k after RoPE must depend only on the distance between positions (9-5 == 16-12)"
-    )
-    assert score(1, 0) != pytest.approx(score(5, 0), abs=1e-4), (
-        "q.k after RoPE should change with the distance: positions 5 and 40 gave the same score"
-    )
+    a, b = score(2, 1), score(4, 3)
+    adapters.expect_that(a == pytest.approx(b, abs=1e-4), "q.k after apply_rope with query/key at positions 9/5 "
+                         "and at 16/12 (distance 4 both)", "equal scores (within 1e-4)", f"{a:.6f} and {b:.6f}")
+    a, b = score(1, 0), score(5, 0)
+    adapters.expect_that(a != pytest.approx(b, abs=1e-4), "q.k after apply_rope with query/key at positions 5/0 "
+                         "and at 40/0 (distances 5 and 40)", "different scores", f"{a:.6f} and {b:.6f}")
 
 
 # ---------------------------------------------------------------- top-k / top-p
@@ -254,26 +239,26 @@ def _filter_ref(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> t
 def _check_filter(logits: torch.Tensor, top_k: list[int], top_p: list[float], why: str) -> None:
     before = logits.clone()
     out = apply_top_k_top_p(logits, torch.tensor(top_k), torch.tensor(top_p))
-    assert torch.equal(logits, before), "apply_top_k_top_p must not modify its input: return a new tensor"
-    assert isinstance(out, torch.Tensor) and out.shape == logits.shape, (
-        f"apply_top_k_top_p must return [B, V] = {tuple(logits.shape)}, got {getattr(out, 'shape', None)}"
-    )
+    what = f"apply_top_k_top_p(logits {list(logits.shape)}, top_k {top_k}, top_p {[round(p, 3) for p in top_p]})"
+    changed = int((logits != before).sum())
+    adapters.expect_that(changed == 0, f"{what}: its input logits after the call", "unchanged (a new tensor returned)",
+                         f"{changed} values changed")
+    adapters.expect(adapters.shape_of(out), tuple(logits.shape), f"{what}: shape")
     keep = _filter_ref(logits, top_k, top_p)
     got = torch.isfinite(out)
     for b in range(logits.shape[0]):
-        assert torch.equal(got[b], keep[b]), (
-            f"row {b} (top_k={top_k[b]}, top_p={top_p[b]}): {why}\n"
-            f"  expected to keep tokens {keep[b].nonzero().flatten().tolist()}\n"
-            f"  kept                    {got[b].nonzero().flatten().tolist()}"
-        )
-    assert torch.equal(out[keep], logits[keep]), "kept logits must keep their values"
-    assert (out[~keep] == -math.inf).all(), "every removed logit must be exactly -inf"
+        adapters.expect_all(got[b].nonzero().flatten().tolist(), keep[b].nonzero().flatten().tolist(),
+                            f"apply_top_k_top_p row {b} (top_k={top_k[b]}, top_p={top_p[b]:.3g}): tokens kept")
+    adapters.expect(out[keep].tolist(), logits[keep].tolist(), f"{what}: the kept logits' values (row by row)")
+    adapters.expect(out[~keep].tolist(), [-math.inf] * int((~keep).sum()), f"{what}: the removed logits' values")
 
 
 def test_top_k_top_p_disabled_is_identity():
     logits = torch.randn(3, 20, generator=_gen(10))
     out = apply_top_k_top_p(logits, torch.tensor([-1, -1, -1]), torch.tensor([1.0, 1.0, 1.0]))
-    assert torch.equal(out, logits), "top_k = -1 and top_p = 1.0 disable both filters: the logits come back unchanged"
+    what = "apply_top_k_top_p(logits [3, 20], top_k -1, top_p 1.0) (both filters off)"
+    adapters.expect(adapters.shape_of(out), (3, 20), f"{what}: shape")
+    adapters.expect(out.tolist(), logits.tolist(), what)
 
 
 def test_top_k_keeps_exactly_k():
@@ -283,7 +268,8 @@ def test_top_k_keeps_exactly_k():
                   "top-k keeps exactly the k largest logits (all of them for k = -1 or k >= V)")
     out = apply_top_k_top_p(logits, torch.tensor(top_k), torch.ones(5))
     counts = torch.isfinite(out).sum(-1).tolist()
-    assert counts == [1, 3, 12, 12, 12], f"number of finite logits per row must be min(k, V); got {counts}"
+    adapters.expect(counts, [1, 3, 12, 12, 12], f"apply_top_k_top_p(logits [5, 12], top_k {top_k}, top_p 1.0): "
+                                                "finite logits per row")
 
 
 def test_top_p_keeps_smallest_nucleus():
@@ -294,7 +280,8 @@ def test_top_p_keeps_smallest_nucleus():
                   "(here: 1, 2, 3, 5 tokens; and never fewer than 1)")
     out = apply_top_k_top_p(probs.log(), torch.full((5,), -1), torch.tensor(top_p))
     counts = torch.isfinite(out).sum(-1).tolist()
-    assert counts == [1, 2, 3, 5, 1], f"nucleus sizes for top_p = {top_p} must be [1, 2, 3, 5, 1], got {counts}"
+    adapters.expect(counts, [1, 2, 3, 5, 1], f"apply_top_k_top_p(log [.05, .5, .1, .2, .15] x 5, top_k -1, "
+                                             f"top_p {top_p}): finite logits per row")
 
 
 def test_top_k_then_top_p_renormalizes():
@@ -323,13 +310,14 @@ def test_greedy_is_argmax():
     logits = torch.randn(6, 50, generator=_gen(13))
     g = _gen(14)
     state = g.get_state()
-    for row in logits:
+    for i, row in enumerate(logits):
         tok = sample_next_token(row, 0.0, 5, 0.5, g)
-        assert isinstance(tok, int) and not isinstance(tok, bool), (
-            f"sample_next_token must return a Python int, got {type(tok).__name__}"
-        )
-        assert tok == int(row.argmax()), "temperature 0 is greedy: the token must be argmax(logits)"
-    assert torch.equal(g.get_state(), state), "greedy decoding must draw no random numbers from the generator"
+        what = f"sample_next_token(logits row {i} of 50, temperature 0, top_k 5, top_p 0.5)"
+        adapters.expect_that(isinstance(tok, int) and not isinstance(tok, bool), what, "a Python int",
+                             f"{tok!r} ({type(tok).__name__})")
+        adapters.expect(tok, int(row.argmax()), f"{what} (argmax)")
+    adapters.expect_that(torch.equal(g.get_state(), state), "the generator's state after 6 greedy calls",
+                         "unchanged (no random number drawn)", "changed")
 
 
 def test_sampling_is_reproducible():
@@ -339,9 +327,15 @@ def test_sampling_is_reproducible():
         g = _gen(seed)
         return [sample_next_token(logits, 1.0, -1, 1.0, g) for _ in range(40)]
 
-    assert run(0) == run(0), "the same seed must give the same tokens: draw only from `generator`"
-    assert run(0) != run(1), "different seeds gave identical tokens: is `generator` used for the draw?"
-    assert all(isinstance(t, int) and 0 <= t < 30 for t in run(2)), "tokens must be ints in [0, V)"
+    what = "40 calls of sample_next_token(logits [30], temperature 1, no filter, generator seeded {})"
+    first, again = run(0), run(0)
+    adapters.expect(again, first, what.format("0") + ", run twice: the second run's tokens vs the first's")
+    other = run(1)
+    adapters.expect_that(first != other, what.format("0, then 1"), "different tokens for different seeds",
+                         f"the same tokens {first}")
+    tokens = run(2)
+    bad = [t for t in tokens if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 30)]
+    adapters.expect_that(not bad, what.format("2"), "Python ints in [0, 30)", f"{bad[:1]} among {tokens}")
 
 
 def test_sampling_stays_inside_filter():
@@ -349,8 +343,10 @@ def test_sampling_stays_inside_filter():
     top2 = set(logits.topk(2).indices.tolist())
     g = _gen(17)
     seen = {sample_next_token(logits, 2.0, 2, 1.0, g) for _ in range(200)}
-    assert seen <= top2, f"with top_k=2 only tokens {sorted(top2)} may be sampled, got {sorted(seen - top2)}"
-    assert seen == top2, f"with top_k=2 and temperature 2 both top tokens should appear in 200 draws, saw {sorted(seen)}"
+    what = "tokens drawn by 200 calls of sample_next_token(logits [20], temperature 2, top_k 2, top_p 1)"
+    adapters.expect_that(seen <= top2, what, f"only the two largest logits' tokens {sorted(top2)}",
+                         f"{sorted(seen)}, with {sorted(seen - top2)} outside them")
+    adapters.expect(sorted(seen), sorted(top2), f"{what} (both appear)")
 
 
 # Critical values of the chi-square distribution at significance 1e-4, by degrees of freedom.
@@ -388,17 +384,17 @@ def test_sampling_frequencies(probs, temperature, top_k, top_p):
     for _ in range(_DRAWS):
         counts[sample_next_token(logits, temperature, top_k, top_p, g)] += 1
     support = target > 0
-    assert (counts[~support] == 0).all(), (
-        f"tokens {(~support).nonzero().flatten().tolist()} are filtered out and must never be sampled; "
-        f"counts {counts.long().tolist()}"
-    )
+    what = (f"{_DRAWS} draws of sample_next_token(log {probs}, temperature {temperature}, top_k {top_k}, "
+            f"top_p {top_p})")
+    adapters.expect([int(c) if not s else 0 for c, s in zip(counts.tolist(), support.tolist())],
+                    [0] * len(probs), f"{what}: draws of each filtered-out token (index)")
     expected = _DRAWS * target[support]
     chi2 = float(((counts[support] - expected) ** 2 / expected).sum())
     dof = int(support.sum()) - 1
-    assert chi2 < _CHI2_CRITICAL[dof], (
-        f"sample frequencies {_rounded(counts / _DRAWS)} do not follow softmax(filtered logits / temperature) "
-        f"= {_rounded(target)} (chi-square {chi2:.1f} with {dof} degrees of freedom, limit {_CHI2_CRITICAL[dof]})"
-    )
+    adapters.expect_that(chi2 < _CHI2_CRITICAL[dof], f"{what}: frequencies",
+                         f"softmax(filtered logits / temperature) = {_rounded(target)}",
+                         f"{_rounded(counts / _DRAWS)} (chi-square {chi2:.1f} with {dof} degrees of freedom, "
+                         f"limit {_CHI2_CRITICAL[dof]})")
 
 
 # ---------------------------------------------------------------- napkin math
@@ -413,32 +409,27 @@ def _bytes_ref(num_params, bytes_per_param, kv_bytes_per_token, context_len, bat
 
 def test_decode_bytes_batch_of_one():
     got = decode_bytes_per_token(_PARAMS, 2, _KV, 1024, 1)
-    expected = _PARAMS * 2 + 1024 * _KV
-    assert got == pytest.approx(expected), (
-        f"at batch 1 one token costs every weight once plus the sequence's KV cache: "
-        f"{_PARAMS} * 2 + 1024 * {_KV} = {expected:.4g} bytes, got {got}"
-    )
+    expected = _PARAMS * 2 + 1024 * _KV  # every weight once plus the sequence's KV cache
+    adapters.expect_approx(got, expected, f"decode_bytes_per_token({_PARAMS}, 2, {_KV}, context 1024, batch 1)",
+                           unit=" bytes")
 
 
 def test_decode_bytes_formula():
     cases = [(1_000_000, 4, 100, 10, 1), (_PARAMS, 2, _KV, 512, 8), (_PARAMS, 0.5, _KV, 4096, 64), (7e9, 2, 131072, 0, 3)]
     for args in cases:
-        got = decode_bytes_per_token(*args)
-        assert got == pytest.approx(_bytes_ref(*args)), (
-            f"decode_bytes_per_token{args}: (num_params * bytes_per_param + batch_size * context_len * "
-            f"kv_bytes_per_token) / batch_size = {_bytes_ref(*args):.6g}, got {got}"
-        )
+        adapters.expect_approx(decode_bytes_per_token(*args), _bytes_ref(*args), f"decode_bytes_per_token{args}",
+                               unit=" bytes")
 
 
 def test_decode_bytes_batching_amortizes_weights():
-    per_token = [decode_bytes_per_token(_PARAMS, 2, _KV, 1024, b) for b in (1, 2, 8, 64, 4096)]
-    assert all(a > b for a, b in zip(per_token, per_token[1:])), (
-        f"a larger batch shares the weight reads, so bytes per token must fall with batch size: {per_token}"
-    )
+    batches = (1, 2, 8, 64, 4096)
+    per_token = [decode_bytes_per_token(_PARAMS, 2, _KV, 1024, b) for b in batches]
+    adapters.expect_that(all(a > b for a, b in zip(per_token, per_token[1:])),
+                         f"decode_bytes_per_token({_PARAMS}, 2, {_KV}, context 1024) at batch sizes {list(batches)}",
+                         "values falling as the batch grows", per_token)
     kv_only = 1024 * _KV
-    assert per_token[-1] == pytest.approx(kv_only + _PARAMS * 2 / 4096), (
-        "with a huge batch the weights are nearly free and each token costs about its own KV reads"
-    )
+    adapters.expect_approx(per_token[-1], kv_only + _PARAMS * 2 / 4096,
+                           f"decode_bytes_per_token({_PARAMS}, 2, {_KV}, context 1024, batch 4096)", unit=" bytes")
 
 
 # ---------------------------------------------------------------- greedy_generate
@@ -452,9 +443,9 @@ class _CountingModel:
         self.V, self.fed, self.calls = V, [], []
 
     def __call__(self, token_ids, start):
-        assert start == len(self.fed), (
-            f"forward(token_ids, start={start}) but {len(self.fed)} tokens were fed before: start must be that count "
-            f"(and no token fed twice)")
+        if start != len(self.fed):  # pytest.fail is not an Exception: a try/except in the caller lets it through
+            pytest.fail(f"forward call {len(self.calls) + 1}, forward({list(token_ids)}, start={start}): expected "
+                        f"start={len(self.fed)} (the tokens fed before), got start={start}", pytrace=False)
         self.calls.append(list(token_ids))
         rows = []
         for t in token_ids:
@@ -479,17 +470,21 @@ def _greedy_ref(prompt, n, eos, V=11):
 def test_greedy_generate_feeds_the_prompt_once_then_one_token():
     m = _CountingModel()
     got = greedy_generate(m, [3, 1, 4, 1, 5], 6, eos_token_id=-1)
-    assert got == _greedy_ref([3, 1, 4, 1, 5], 6, -1), "the next token is the argmax of the last logits row"
-    assert m.calls[0] == [3, 1, 4, 1, 5], "the first call feeds the whole prompt"
-    assert all(len(c) == 1 for c in m.calls[1:]), "every later call feeds only the token generated last"
-    assert len(m.calls) == 6, "max_new_tokens tokens take exactly that many forwards (the last one is not fed)"
+    what = "greedy_generate(model, prompt [3, 1, 4, 1, 5], max_new_tokens=6, no EOS)"
+    adapters.expect(got, _greedy_ref([3, 1, 4, 1, 5], 6, -1), f"{what}: tokens (argmax of the last logits row)")
+    adapters.expect(m.calls[:1], [[3, 1, 4, 1, 5]], f"{what}: tokens fed by the first forward call")
+    adapters.expect([len(c) for c in m.calls[1:]], [1] * len(m.calls[1:]),
+                    f"{what}: tokens fed per forward call after the first")
+    adapters.expect(len(m.calls), 6, f"{what}: forward calls (the last token is not fed)")
 
 
 def test_greedy_generate_stops_at_eos_and_keeps_it():
     prompt = [2, 2]
     ref = _greedy_ref(prompt, 50, eos=7)
     assert 7 in ref and len(ref) < 50  # the fake model reaches 7 within a few steps
-    assert greedy_generate(_CountingModel(), prompt, 50, eos_token_id=7) == ref, "stop right after EOS, EOS included"
+    adapters.expect(greedy_generate(_CountingModel(), prompt, 50, eos_token_id=7), ref,
+                    "greedy_generate(model, prompt [2, 2], max_new_tokens=50, eos_token_id=7): tokens "
+                    "(up to and including EOS)")
 
 
 # ---------------------------------------------------------------- questions
@@ -498,6 +493,7 @@ def test_greedy_generate_stops_at_eos_and_keeps_it():
 @pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
 def test_quiz(qid):
     answers = quiz_answers()
-    assert isinstance(answers, dict), f"quiz_answers() must return a dict of answers, got {type(answers).__name__}"
+    adapters.expect_that(isinstance(answers, dict), "quiz_answers()", "a dict of answers", type(answers).__name__)
     ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
-    assert ok, why
+    if not ok:  # the right answer is kept secret (a digest): the line says what was given
+        pytest.fail(why, pytrace=False)

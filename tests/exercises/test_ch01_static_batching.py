@@ -6,8 +6,6 @@ taken from minillm, so the tests stay meaningful for the solutions that wrap min
 from __future__ import annotations
 
 import random
-
-import random
 from collections import deque
 
 import pytest
@@ -51,38 +49,51 @@ def _slots_ref(prompts, outputs, B):
 # ---------------------------------------------------------------- left_pad
 
 
+def _two_tensors(out, what):
+    """(input_ids, attention_mask) as returned, after checking they are two tensors."""
+    __tracebackhide__ = True
+    pair = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    adapters.expect_that(len(pair) == 2 and all(isinstance(t, torch.Tensor) for t in pair), what,
+                         "two tensors (input_ids, attention_mask)", ", ".join(type(t).__name__ for t in pair))
+    return pair
+
+
 def test_left_pad_layout():
     prompts = [[5, 6, 7], [8], [9, 10]]
-    ids, mask = left_pad(prompts, 0)
-    assert isinstance(ids, torch.Tensor) and isinstance(mask, torch.Tensor), "return two tensors"
-    assert ids.shape == (3, 3) and mask.shape == (3, 3), f"want [B, W] = [3, 3], got {tuple(ids.shape)}"
-    assert ids.dtype == torch.long and mask.dtype == torch.long, "input_ids and attention_mask are torch.long"
-    assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [0, 9, 10]], "pad on the LEFT: the last column holds each last token"
-    assert mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 1, 1]], "the mask is 1 on real tokens, 0 on padding"
-    assert prompts == [[5, 6, 7], [8], [9, 10]], "left_pad must not modify its input"
+    what = "left_pad([[5, 6, 7], [8], [9, 10]], pad_id=0)"
+    ids, mask = _two_tensors(left_pad(prompts, 0), what)
+    adapters.expect((adapters.shape_of(ids), adapters.shape_of(mask)), ((3, 3), (3, 3)),
+                    f"{what}: shapes of (input_ids, attention_mask)")
+    adapters.expect((ids.dtype, mask.dtype), (torch.long, torch.long), f"{what}: dtypes of (input_ids, attention_mask)")
+    adapters.expect(ids.tolist(), [[5, 6, 7], [0, 0, 8], [0, 9, 10]], f"{what}: input_ids")
+    adapters.expect(mask.tolist(), [[1, 1, 1], [0, 0, 1], [0, 1, 1]], f"{what}: attention_mask")
+    adapters.expect(prompts, [[5, 6, 7], [8], [9, 10]], f"{what}: its input prompts after the call")
 
 
 def test_left_pad_random():
     rng = random.Random(0)
     for _ in range(20):
         prompts = [[rng.randrange(3, 100) for _ in range(rng.randint(1, 9))] for _ in range(rng.randint(1, 6))]
-        ids, mask = left_pad(prompts, 2)
+        what = f"left_pad({prompts}, pad_id=2)"
+        ids, mask = _two_tensors(left_pad(prompts, 2), what)
         W = max(map(len, prompts))
-        assert ids.shape == (len(prompts), W)
+        adapters.expect(adapters.shape_of(ids), (len(prompts), W), f"{what}: shape of input_ids")
+        adapters.expect(adapters.shape_of(mask), (len(prompts), W), f"{what}: shape of attention_mask")
         for row, p in enumerate(prompts):
-            assert ids[row, W - len(p):].tolist() == p
-            assert (ids[row, :W - len(p)] == 2).all()
-            assert mask[row].sum().item() == len(p)
+            adapters.expect(ids[row].tolist(), [2] * (W - len(p)) + p, f"{what}: input_ids row {row}")
+            adapters.expect(mask[row].tolist(), [0] * (W - len(p)) + [1] * len(p), f"{what}: attention_mask row {row}")
 
 
 # ---------------------------------------------------------------- static_num_steps
 
 
 def test_static_num_steps_barrel():
-    assert static_num_steps([20, 20, 800, 20], 2) == 820, "groups (20, 20) then (800, 20): 20 + 800 steps"
-    assert static_num_steps([20, 20, 800, 20], 4) == 800, "one group: it lasts as long as its longest member"
-    assert static_num_steps([5, 3, 7], 1) == 15, "B = 1: one request at a time"
-    assert static_num_steps([4, 4, 4], 8) == 4, "a last group smaller than B still runs"
+    cases = [([20, 20, 800, 20], 2, 820, "groups (20, 20) then (800, 20): 20 + 800"),
+             ([20, 20, 800, 20], 4, 800, "one group, as long as its longest member"),
+             ([5, 3, 7], 1, 15, "one request at a time"),
+             ([4, 4, 4], 8, 4, "one group smaller than B")]
+    for outputs, B, want, why in cases:
+        adapters.expect(static_num_steps(outputs, B), want, f"static_num_steps(outputs {outputs}, B={B}) ({why})")
 
 
 def test_static_num_steps_random():
@@ -90,20 +101,29 @@ def test_static_num_steps_random():
     for _ in range(30):
         outs = [rng.randint(1, 40) for _ in range(rng.randint(1, 20))]
         B = rng.randint(1, 9)
-        assert static_num_steps(outs, B) == _steps_ref(outs, B), f"outputs {outs}, B = {B}"
+        adapters.expect(static_num_steps(outs, B), _steps_ref(outs, B), f"static_num_steps(outputs {outs}, B={B})")
 
 
 # ---------------------------------------------------------------- static_token_slots
 
 
+def _pair(x):
+    try:
+        return tuple(x)
+    except TypeError:
+        return x
+
+
 def test_static_token_slots_example():
-    assert tuple(static_token_slots([3, 5], [1, 3], 2)) == (10, 14), (
-        "prefill [2 x 5] = 10 slots, 8 useful; decode steps 1 and 2: 2 slots each, 1 useful each")
+    # prefill [2 x 5] = 10 slots, 8 useful; decode steps 1 and 2: 2 slots each, 1 useful each
+    adapters.expect(_pair(static_token_slots([3, 5], [1, 3], 2)), (10, 14),
+                    "static_token_slots(prompts [3, 5], outputs [1, 3], B=2) as (useful, total)")
 
 
 def test_static_token_slots_counts_empty_rows_of_a_small_last_group():
     # one request in a batch of 4 slots: prefill 4 x 6, then 2 decodes of 4 slots
-    assert tuple(static_token_slots([6], [3], 4)) == (6 + 2, 4 * 6 + 4 * 2)
+    adapters.expect(_pair(static_token_slots([6], [3], 4)), (6 + 2, 4 * 6 + 4 * 2),
+                    "static_token_slots(prompts [6], outputs [3], B=4) as (useful, total)")
 
 
 def test_static_token_slots_random():
@@ -113,13 +133,14 @@ def test_static_token_slots_random():
         prompts = [rng.randint(1, 30) for _ in range(n)]
         outs = [rng.randint(1, 30) for _ in range(n)]
         B = rng.randint(1, 6)
-        assert tuple(static_token_slots(prompts, outs, B)) == _slots_ref(prompts, outs, B), (
-            f"prompts {prompts}, outputs {outs}, B = {B}")
+        adapters.expect(_pair(static_token_slots(prompts, outs, B)), _slots_ref(prompts, outs, B),
+                        f"static_token_slots(prompts {prompts}, outputs {outs}, B={B}) as (useful, total)")
 
 
 def test_skewed_batch_wastes_most_slots():
     useful, total = static_token_slots([16] * 8, [20] * 7 + [800], 8)
-    assert useful / total < 0.2, "one 800-token request among 20-token ones keeps 7 of 8 slots idle"
+    adapters.expect_that(useful / total < 0.2, "useful / total of static_token_slots(prompts [16] * 8, "
+                         "outputs [20] * 7 + [800], B=8)", "below 0.2", f"{useful} / {total} = {useful / total:.3f}")
 
 
 # ---------------------------------------------------------------- static_schedule
@@ -130,21 +151,64 @@ def _sreq(rid: str, prompt: int, max_tokens: int = 4):
                    arrival_time=0.0)
 
 
-def _drive(schedule, prompts, outputs, B, T):
-    """Run a whole workload through a static policy with a fake forward; returns each step's rows."""
+def _ids(rows):
+    try:
+        return [(r.request_id, n) for r, n in rows]
+    except (TypeError, ValueError, AttributeError):
+        return f"{rows!r:.120} (not a list of (request, tokens) rows)"
+
+
+def _names(requests) -> list[str]:
+    return [r.request_id for r in requests]
+
+
+def _queues(group, waiting) -> str:
+    """The state a step starts from, e.g. "group a (finished) b, waiting c:2" (id:prompt tokens)."""
+    grp = " ".join(f"{r.request_id}{' (finished)' if r.is_finished else ''}" for r in group) or "empty"
+    wait = " ".join(f"{r.request_id}:{r.num_tokens - r.num_computed_tokens}" for r in waiting) or "none"
+    return f"group {grp}, waiting {wait}"
+
+
+def _expect_rows(rows, want, what, B, T, waiting_before) -> None:
+    """One step's rows against the contract's, "<what>: rows: expected [..], got [..]"; a cap or
+    the queue order is named only when the rows break it."""
+    __tracebackhide__ = True
+    got = _ids(rows)
+    what = f"{what}: rows"
+    if isinstance(got, str):
+        adapters.expect_all(got, want, what)
+    adapters.expect_that(len(got) <= B, what, want, f"{got} ({len(got)} rows: more than max_num_seqs={B})")
+    admitted = [(rid, n) for rid, n in got if rid in waiting_before]
+    tokens = sum(n for _, n in admitted)
+    adapters.expect_that(tokens <= T, what, want,
+                         f"{got} ({tokens} prompt tokens: more than max_num_batched_tokens={T})")
+    ids = [rid for rid, _ in admitted]
+    skipped = [rid for rid in waiting_before[:waiting_before.index(ids[-1])] if rid not in ids] if ids else []
+    verb = "wait" if len(skipped) > 1 else "waits"
+    adapters.expect_that(not skipped, what, want, f"{got} (admits {ids[-1] if ids else ''} while "
+                         f"{', '.join(skipped)} {verb} ahead of it: out of queue order)")
+    adapters.expect_all(got, want, what)
+
+
+def _drive(schedule, prompts, outputs, B, T, want):
+    """Run a whole workload through a static policy with a fake forward, checking each step's
+    rows against ``want`` (the contract's rows, step by step) as it goes."""
+    workload = f"prompts {prompts}, outputs {outputs}, max_num_seqs={B}, budget {T}"
     waiting = deque(_sreq(str(i), p, o) for i, (p, o) in enumerate(zip(prompts, outputs)))
-    group, steps = [], []
+    group, steps = [], 0
     while waiting or any(not r.is_finished for r in group):
+        before = _names(waiting)
         rows = schedule(group, waiting, B, T)
-        assert rows, "a step with work left must schedule something"
+        expected = want[steps] if steps < len(want) else "the end of the run (all requests finished)"
+        _expect_rows(rows, expected, f"step {steps + 1} ({workload})", B, T, before)
         for r, n in rows:
             r.num_computed_tokens += n
             r.output_token_ids.append(7)
             if r.num_output_tokens == r.sampling_params.max_tokens:
                 r.status = RequestStatus.FINISHED
-        steps.append([(r.request_id, n) for r, n in rows])
-        assert len(steps) < 1000
-    return steps
+        steps += 1
+    adapters.expect_that(steps == len(want), f"step {steps + 1} ({workload}): rows",
+                         want[steps] if steps < len(want) else "", "no step: no request left in the queues")
 
 
 def _static_ref(prompts, outputs, B, T):
@@ -166,21 +230,25 @@ def _static_ref(prompts, outputs, B, T):
 def test_static_schedule_forms_a_group_then_decodes_it_out():
     waiting = deque([_sreq("a", 3), _sreq("b", 5), _sreq("c", 2)])
     group = []
+    what = f"static_schedule({_queues(group, waiting)}, max_num_seqs=2, budget 64)"
     rows = static_schedule(group, waiting, 2, 64)
-    assert [(r.request_id, n) for r, n in rows] == [("a", 3), ("b", 5)], "the first B requests prefill together"
-    assert [r.request_id for r in group] == ["a", "b"] and [r.request_id for r in waiting] == ["c"]
-    assert all(r.status is RequestStatus.RUNNING for r in group)
+    _expect_rows(rows, [("a", 3), ("b", 5)], what, 2, 64, ["a", "b", "c"])
+    adapters.expect(_names(group), ["a", "b"], f"{what}: `group` after the step")
+    adapters.expect(_names(waiting), ["c"], f"{what}: `waiting` after the step")
+    adapters.expect([(r.request_id, getattr(r.status, "name", r.status)) for r in group],
+                    [("a", "RUNNING"), ("b", "RUNNING")], f"{what}: statuses in `group` after the step")
     group[0].status = RequestStatus.FINISHED
+    what = f"static_schedule({_queues(group, waiting)}, max_num_seqs=2, budget 64)"
     rows = static_schedule(group, waiting, 2, 64)
-    assert [(r.request_id, n) for r, n in rows] == [("b", 1)], (
-        "while a member is unfinished, only the unfinished decode and nobody is admitted (the barrel)")
-    assert len(group) == 2, "a finished member stays in the group until the group is done"
+    _expect_rows(rows, [("b", 1)], what, 2, 64, ["c"])
+    adapters.expect(_names(group), ["a", "b"], f"{what}: `group` after the step (finished members included)")
 
 
 def test_static_schedule_respects_the_token_budget_fcfs():
     waiting = deque([_sreq("a", 6), _sreq("b", 6), _sreq("c", 1)])
+    what = f"static_schedule({_queues([], waiting)}, max_num_seqs=4, budget 10)"
     rows = static_schedule([], waiting, 4, 10)
-    assert [(r.request_id, n) for r, n in rows] == [("a", 6)], "b does not fit and c may not overtake it"
+    _expect_rows(rows, [("a", 6)], what, 4, 10, ["a", "b", "c"])
 
 
 def test_static_schedule_drives_whole_runs():
@@ -190,8 +258,7 @@ def test_static_schedule_drives_whole_runs():
         prompts = [rng.randint(1, 10) for _ in range(n)]
         outputs = [rng.randint(1, 8) for _ in range(n)]
         B, T = rng.randint(1, 4), rng.randint(10, 30)
-        assert _drive(static_schedule, prompts, outputs, B, T) == _static_ref(prompts, outputs, B, T), (
-            f"prompts {prompts}, outputs {outputs}, B={B}, T={T}")
+        _drive(static_schedule, prompts, outputs, B, T, _static_ref(prompts, outputs, B, T))
 
 
 # ---------------------------------------------------------------- questions
@@ -200,6 +267,7 @@ def test_static_schedule_drives_whole_runs():
 @pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
 def test_quiz(qid):
     answers = quiz_answers()
-    assert isinstance(answers, dict), f"quiz_answers() must return a dict of answers, got {type(answers).__name__}"
+    adapters.expect_that(isinstance(answers, dict), "quiz_answers()", "a dict of answers", type(answers).__name__)
     ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
-    assert ok, why
+    if not ok:  # the right answer is kept secret (a digest): the line says what was given
+        pytest.fail(why, pytrace=False)

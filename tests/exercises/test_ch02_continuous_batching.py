@@ -39,21 +39,64 @@ def _running(rid, prompt=4, outputs=2):
 
 
 def _ids(rows):
-    return [(r.request_id, n) for r, n in rows]
+    try:
+        return [(r.request_id, n) for r, n in rows]
+    except (TypeError, ValueError, AttributeError):
+        return f"{rows!r:.120} (not a list of (request, tokens) rows)"
+
+
+def _names(requests) -> list[str]:
+    return [r.request_id for r in requests]
+
+
+def _queues(running, waiting) -> str:
+    """The state a step starts from, e.g. "running a b, waiting c:5 d:3" (id:prompt tokens)."""
+    run = " ".join(f"{r.request_id}{' (finished)' if r.is_finished else ''}" for r in running) or "none"
+    wait = " ".join(f"{r.request_id}:{r.num_tokens - r.num_computed_tokens}" for r in waiting) or "none"
+    return f"running {run}, waiting {wait}"
+
+
+def _expect_rows(rows, want, what, max_num_seqs, budget, waiting_before) -> None:
+    """The rows of one step against the contract's rows, as "<what>: rows: expected [..], got [..]".
+    A cap or the queue order is named only when the rows break it."""
+    __tracebackhide__ = True
+    got = _ids(rows)
+    what = f"{what}: rows"
+    if isinstance(got, str):
+        adapters.expect_all(got, want, what)
+    adapters.expect_that(len(got) <= max_num_seqs, what, want,
+                         f"{got} ({len(got)} rows: more than max_num_seqs={max_num_seqs})")
+    tokens = sum(n for _, n in got)
+    adapters.expect_that(tokens <= budget, what, want,
+                         f"{got} ({tokens} tokens: more than max_num_batched_tokens={budget})")
+    admitted = [rid for rid, _ in got if rid in waiting_before]
+    skipped = [rid for rid in waiting_before[:waiting_before.index(admitted[-1])] if rid not in admitted] \
+        if admitted else []
+    verb = "wait" if len(skipped) > 1 else "waits"
+    adapters.expect_that(not skipped, what, want, f"{got} (admits {admitted[-1] if admitted else ''} while "
+                         f"{', '.join(skipped)} {verb} ahead of it: out of queue order)")
+    adapters.expect_all(got, want, what)
 
 
 # ---------------------------------------------------------------- schedule_step
 
 
+def _step(running, waiting, B, T):
+    """Run schedule_step; returns its rows and the description of the step it was given."""
+    what = f"schedule_step({_queues(running, waiting)}, max_num_seqs={B}, budget {T})"
+    before = _names(waiting)
+    return schedule_step(running, waiting, B, T), what, before
+
+
 def test_decodes_then_admissions():
     running = [_running("a"), _running("b")]
     waiting = deque([_req("c", 5), _req("d", 3)])
-    rows = schedule_step(running, waiting, 4, 64)
-    assert _ids(rows) == [("a", 1), ("b", 1), ("c", 5), ("d", 3)], (
-        "every running request decodes one token, then waiting ones are admitted with their whole prompt")
-    assert [r.request_id for r in running] == ["a", "b", "c", "d"], "admitted requests join `running` in place"
-    assert not waiting, "admitted requests leave `waiting`"
-    assert all(r.status is RequestStatus.RUNNING for r in running)
+    rows, what, before = _step(running, waiting, 4, 64)
+    _expect_rows(rows, [("a", 1), ("b", 1), ("c", 5), ("d", 3)], what, 4, 64, before)
+    adapters.expect(_names(running), ["a", "b", "c", "d"], f"{what}: `running` after the step")
+    adapters.expect(_names(waiting), [], f"{what}: `waiting` after the step")
+    adapters.expect([(r.request_id, getattr(r.status, "name", r.status)) for r in running],
+                    [(x, "RUNNING") for x in "abcd"], f"{what}: statuses in `running` after the step")
 
 
 def test_finished_requests_leave_and_free_their_slot():
@@ -61,40 +104,41 @@ def test_finished_requests_leave_and_free_their_slot():
     done.status = RequestStatus.FINISHED
     running = [done, _running("b")]
     waiting = deque([_req("c", 4)])
-    rows = schedule_step(running, waiting, 2, 64)
-    assert _ids(rows) == [("b", 1), ("c", 4)], "a finished request frees its slot for a waiting one at once"
-    assert [r.request_id for r in running] == ["b", "c"]
+    rows, what, before = _step(running, waiting, 2, 64)
+    _expect_rows(rows, [("b", 1), ("c", 4)], what, 2, 64, before)
+    adapters.expect(_names(running), ["b", "c"], f"{what}: `running` after the step")
 
 
 def test_max_num_seqs_caps_the_batch():
     running = [_running("a")]
     waiting = deque([_req("b", 2), _req("c", 2), _req("d", 2)])
-    rows = schedule_step(running, waiting, 3, 64)
-    assert _ids(rows) == [("a", 1), ("b", 2), ("c", 2)], "never more than max_num_seqs requests run"
-    assert [r.request_id for r in waiting] == ["d"]
+    rows, what, before = _step(running, waiting, 3, 64)
+    _expect_rows(rows, [("a", 1), ("b", 2), ("c", 2)], what, 3, 64, before)
+    adapters.expect(_names(waiting), ["d"], f"{what}: `waiting` after the step")
 
 
 def test_budget_and_fcfs():
     running = [_running("a"), _running("b")]
     waiting = deque([_req("c", 7), _req("d", 9), _req("e", 1)])
-    rows = schedule_step(running, waiting, 8, 10)
+    rows, what, before = _step(running, waiting, 8, 10)
     # 2 decode tokens + 7 = 9 of 10; "d" (9) does not fit and "e" must not overtake it
-    assert _ids(rows) == [("a", 1), ("b", 1), ("c", 7)], (
-        "admission stops at the first request that does not fit the token budget (FCFS: no overtaking)")
-    assert [r.request_id for r in waiting] == ["d", "e"]
+    _expect_rows(rows, [("a", 1), ("b", 1), ("c", 7)], what, 8, 10, before)
+    adapters.expect(_names(waiting), ["d", "e"], f"{what}: `waiting` after the step")
 
 
 def test_empty_queues():
-    assert list(schedule_step([], deque(), 4, 16)) == [], "nothing running, nothing waiting: no rows"
+    adapters.expect(_ids(schedule_step([], deque(), 4, 16)), [],
+                    "schedule_step(nothing running, nothing waiting, max_num_seqs=4, budget 16): rows")
 
 
-def _simulate_ref(prompts, outputs, B, T):
-    """Step counter written from the contract: per request (prompt, wanted, generated)."""
+def _continuous_ref(prompts, outputs, B, T):
+    """The rows of every step, written from the contract: [[(request id, tokens), ...], ...]."""
     waiting = list(range(len(prompts)))
     running: list[int] = []
     generated = [0] * len(prompts)
-    steps = 0
+    steps = []
     while waiting or running:
+        rows = [(str(i), 1) for i in running]
         budget = T - len(running)
         for i in running:
             generated[i] += 1
@@ -103,9 +147,15 @@ def _simulate_ref(prompts, outputs, B, T):
             budget -= prompts[i]
             generated[i] += 1
             running.append(i)
-        steps += 1
+            rows.append((str(i), prompts[i]))
+        steps.append(rows)
         running = [i for i in running if generated[i] < outputs[i]]
     return steps
+
+
+def _simulate_ref(prompts, outputs, B, T):
+    """Step count written from the contract."""
+    return len(_continuous_ref(prompts, outputs, B, T))
 
 
 def test_schedule_step_drives_a_whole_run():
@@ -115,27 +165,37 @@ def test_schedule_step_drives_a_whole_run():
         prompts = [rng.randint(1, 12) for _ in range(n)]
         outputs = [rng.randint(1, 12) for _ in range(n)]
         B, T = rng.randint(1, 5), rng.randint(12, 40)
+        workload = f"prompts {prompts}, outputs {outputs}, max_num_seqs={B}, budget {T}"
+        want = _continuous_ref(prompts, outputs, B, T)
         reqs = [_req(str(i), p, o) for i, (p, o) in enumerate(zip(prompts, outputs))]
         waiting, running, steps = deque(reqs), [], 0
         while waiting or any(not r.is_finished for r in running):
+            before = _names(waiting)
             rows = schedule_step(running, waiting, B, T)
-            assert rows, "a step with queued requests and free room must schedule something"
-            assert len(running) <= B and sum(n for _, n in rows) <= T
+            expected = want[steps] if steps < len(want) else "the end of the run (all requests finished)"
+            what = f"step {steps + 1} ({workload})"
+            _expect_rows(rows, expected, what, B, T, before)
+            adapters.expect_that(len(running) <= B, f"{what}: `running` after the step",
+                                 f"at most max_num_seqs={B} requests",
+                                 f"{_names(running)} ({len(running)} requests: more than max_num_seqs)")
             for r, k in rows:  # a fake forward: the sampled token is always 7
                 r.num_computed_tokens += k
                 r.output_token_ids.append(7)
                 if r.num_output_tokens == r.sampling_params.max_tokens:
                     r.status = RequestStatus.FINISHED
             steps += 1
-        assert steps == _simulate_ref(prompts, outputs, B, T), f"prompts {prompts}, outputs {outputs}, B={B}, T={T}"
+        adapters.expect_that(steps == len(want), f"step {steps + 1} ({workload}): rows",
+                             want[steps] if steps < len(want) else "", "no step: no request left in the queues")
 
 
 # ---------------------------------------------------------------- continuous_num_steps
 
 
 def test_continuous_num_steps_example():
-    assert continuous_num_steps([4] * 4, [20, 20, 800, 20], 2, 64) == 820
-    assert continuous_num_steps([4] * 4, [20, 20, 800, 20], 4, 64) == 800
+    for B, want in ((2, 820), (4, 800)):
+        adapters.expect(continuous_num_steps([4] * 4, [20, 20, 800, 20], B, 64), want,
+                        f"continuous_num_steps(prompts [4, 4, 4, 4], outputs [20, 20, 800, 20], max_num_seqs={B}, "
+                        f"budget 64)")
 
 
 def test_continuous_num_steps_random():
@@ -145,15 +205,18 @@ def test_continuous_num_steps_random():
         prompts = [rng.randint(1, 16) for _ in range(n)]
         outputs = [rng.randint(1, 30) for _ in range(n)]
         B, T = rng.randint(1, 6), rng.randint(16, 48)
-        assert continuous_num_steps(prompts, outputs, B, T) == _simulate_ref(prompts, outputs, B, T), (
-            f"prompts {prompts}, outputs {outputs}, B = {B}, T = {T}")
+        adapters.expect(continuous_num_steps(prompts, outputs, B, T), _simulate_ref(prompts, outputs, B, T),
+                        f"continuous_num_steps(prompts {prompts}, outputs {outputs}, max_num_seqs={B}, budget {T})")
 
 
 def test_continuous_beats_static_on_skewed_lengths():
     outputs = [20] * 7 + [800]
     steps = continuous_num_steps([8] * 32, outputs * 4, 8, 256)
     static_steps = 4 * 800
-    assert steps < static_steps / 3, f"continuous batching should need far fewer steps than static ({steps})"
+    adapters.expect_that(steps < static_steps / 3,
+                         "continuous_num_steps(32 prompts of 8, outputs [20] * 7 + [800] four times, max_num_seqs=8, "
+                         "budget 256)", f"fewer than {static_steps / 3:.0f} steps (a third of static batching's "
+                         f"{static_steps})", steps)
 
 
 # ---------------------------------------------------------------- predict_makespan / pick_engine
@@ -189,12 +252,12 @@ CASES = [
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_predict_makespan_matches_the_simulated_engine(engine, case):
     prompt_lens, output_lens, B = CASES[case]
-    for cost in _cost_models():
+    for k, cost in enumerate(_cost_models()):
         want = _simulated(prompt_lens, output_lens, B, engine, cost)
         got = predict_makespan(list(prompt_lens), list(output_lens), B, engine, cost.step_time)
-        assert abs(got - want) <= 1e-6 * want, (
-            f"{engine}, prompts {prompt_lens}, outputs {output_lens}, B={B}: predicted {got:.6f} s, "
-            f"the engine on a virtual clock took {want:.6f} s")
+        adapters.expect_approx(got, want, f"predict_makespan(prompts {prompt_lens}, outputs {output_lens}, "
+                               f"max_num_seqs={B}, {engine!r}, cost model {k}) against the engine on a virtual clock",
+                               rel=1e-6, unit=" s")
 
 
 def test_predict_makespan_random_workloads():
@@ -208,23 +271,29 @@ def test_predict_makespan_random_workloads():
         for engine in ("static", "continuous"):
             want = _simulated(prompt_lens, output_lens, B, engine, cost)
             got = predict_makespan(list(prompt_lens), list(output_lens), B, engine, cost.step_time)
-            assert abs(got - want) <= 1e-6 * want, (prompt_lens, output_lens, B, engine, got, want)
+            adapters.expect_approx(got, want, f"predict_makespan(prompts {prompt_lens}, outputs {output_lens}, "
+                                   f"max_num_seqs={B}, {engine!r}) against the engine on a virtual clock",
+                                   rel=1e-6, unit=" s")
 
 
 def test_pick_engine_agrees_with_the_simulated_engines():
     rng = random.Random(11)
     cost = _cost_models()[0]
-    picked = set()
-    for case in CASES + [([rng.randint(4, 30) for _ in range(8)], [rng.choice([2, 3, 40]) for _ in range(8)], 4)]:
-        prompt_lens, output_lens, B = case
+    cases = CASES + [([rng.randint(4, 30) for _ in range(8)], [rng.choice([2, 3, 40]) for _ in range(8)], 4)]
+    graded = []  # (case, static s, continuous s, the right answer)
+    for prompt_lens, output_lens, B in cases:
         s = _simulated(prompt_lens, output_lens, B, "static", cost)
         c = _simulated(prompt_lens, output_lens, B, "continuous", cost)
-        want = "continuous" if c < s * 0.999 else "static"
+        # no case sits on the tie line, where rounding could flip the answer
+        assert abs(c - s * 0.999) > 1e-9 * s, f"prompts {prompt_lens}, outputs {output_lens}: a near-tie case"
+        graded.append(((prompt_lens, output_lens, B), s, c, "continuous" if c < s * 0.999 else "static"))
+    # Every answer is the right one in some case: a pick_engine that always says one thing fails.
+    right = {want for *_, want in graded}
+    assert right == {"static", "continuous"}, f"the graded cases must make each answer right once, got only {right}"
+    for (prompt_lens, output_lens, B), s, c, want in graded:
         got = pick_engine(list(prompt_lens), list(output_lens), B, cost.step_time)
-        assert got == want, f"prompts {prompt_lens}, outputs {output_lens}, B={B}: static {s:.3f} s, " \
-                            f"continuous {c:.3f} s, so {want!r}; got {got!r}"
-        picked.add(want)
-    assert picked == {"static", "continuous"}, "the cases must exercise both answers"
+        adapters.expect(got, want, f"pick_engine(prompts {prompt_lens}, outputs {output_lens}, max_num_seqs={B}) "
+                                   f"(simulated: static {s:.3f} s, continuous {c:.3f} s)")
 
 
 # ---------------------------------------------------------------- questions
@@ -233,6 +302,7 @@ def test_pick_engine_agrees_with_the_simulated_engines():
 @pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
 def test_quiz(qid):
     answers = quiz_answers()
-    assert isinstance(answers, dict), f"quiz_answers() must return a dict of answers, got {type(answers).__name__}"
+    adapters.expect_that(isinstance(answers, dict), "quiz_answers()", "a dict of answers", type(answers).__name__)
     ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
-    assert ok, why
+    if not ok:  # the right answer is kept secret (a digest): the line says what was given
+        pytest.fail(why, pytrace=False)
