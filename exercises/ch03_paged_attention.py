@@ -183,6 +183,13 @@ def store_kv_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_c
     is left untouched. The tests run it under the Triton interpreter on the CPU
     (``TRITON_INTERPRET=1``, set by the test setup), against a PyTorch oracle.
 
+    In the engine: the seam ``store_kv_triton`` (``minillm/seams.py``). Plugged in, it writes
+    every layer's K/V of every step in place of the attention backend's own write
+    (``minillm/attention.py``: ``write_kv``, ``triton_write_kv``); the chapter's "run it in
+    the engine" cell does it. Without a GPU, TRITON_INTERPRET=1 must be set before this file
+    (or triton) is imported: Triton picks interpreted or compiled mode when ``@triton.jit``
+    runs, at import, not at launch.
+
     Hints: ``t = tl.program_id(0)``; load the slot, ``if slot >= 0:``; a [BLOCK_H, BLOCK_D]
     tile from ``tl.arange`` (powers of two: ``triton.next_power_of_2``) with a mask for
     the padding; pass ``k.stride(0)``, ``k.stride(1)`` so strided rows work; the

@@ -19,9 +19,16 @@ the model then also runs its layers' RoPE, K/V write, norms and SwiGLU as C++ ca
 to the same answer: ``kernels.paged_decode_attention.paged_attention_ref`` (textbook attention
 in float32 over each sequence's gathered keys), and ``kernels.store_kv.store_kv_ref`` for the
 K/V write, which is also the torch and cpu backends' write (``write_kv``).
+
+Seams (``minillm/seams.py``, chapter 3): a plugged ``paged_decode_attention`` attends each
+decode row (``torch_attention``); a plugged ``store_kv_triton`` writes every step's K/V into the
+cache in place of each backend's write (``write_kv``, ``triton_write_kv``, so every
+``write_and_attend``). While either is plugged, the cpu backend's C++ attention steps aside
+(``cpu_attention_rows``) and ``torch_attention`` attends.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -67,8 +74,46 @@ class AttentionMetadata:
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """This step's K/V into the cache: the oracle's write itself (``store_kv_ref``), for a step
-    without padding tokens. k, v: [T, Hkv, D]; caches [num_blocks, block_size, Hkv, D]."""
+    without padding tokens. k, v: [T, Hkv, D]; caches [num_blocks, block_size, Hkv, D].
+    A learner's ``store_kv_triton`` (chapter 3) writes instead while one is plugged in."""
+    mine = seams.plugged("store_kv_triton")  # a learner's Triton K/V store (chapter 3), when plugged in
+    if mine is not None:
+        return plugged_store_kv(mine, k, v, k_cache, v_cache, slot_mapping)
     store_kv_ref(k, v, k_cache, v_cache, slot_mapping, padded=False)
+
+
+def triton_interprets() -> bool:
+    """Whether ``@triton.jit`` makes interpreted kernels now: TRITON_INTERPRET as triton reads it."""
+    try:
+        from triton import knobs
+    except ImportError:  # an older triton (or none): the variable itself
+        return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+    return bool(knobs.runtime.interpret)
+
+
+NEEDS_INTERPRETER = (
+    "store_kv_triton is plugged in and this step's tensors are on the CPU, where a Triton kernel runs "
+    "only in Triton's interpreter: set TRITON_INTERPRET=1 before importing triton, minillm or your "
+    "exercise module (triton picks interpreted or compiled when @triton.jit runs, at import; in a "
+    "notebook: restart the kernel, set it in the first cell), or run the engine on a GPU")
+
+
+def plugged_store_kv(mine, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     slot_mapping: torch.Tensor) -> None:
+    """A plugged ``store_kv_triton`` writes this step's K/V (the seam of ``write_kv`` and
+    ``triton_write_kv``). On the CPU a Triton kernel runs only in the interpreter: without it,
+    or with a kernel defined before it was switched on, a ValueError says what to set and when,
+    instead of Triton's driver error."""
+    on_cpu = k_cache.device.type == "cpu"
+    if on_cpu and not triton_interprets():
+        raise ValueError(NEEDS_INTERPRETER)
+    try:
+        mine(k, v, k_cache, v_cache, slot_mapping)
+    except RuntimeError as e:
+        if on_cpu and "active drivers" in str(e):  # a compiled-mode kernel launched without a GPU
+            raise ValueError(f"{NEEDS_INTERPRETER}. Here TRITON_INTERPRET is set, but the kernel was "
+                             f"defined before it was ({type(e).__name__}: {e})") from e
+        raise
 
 
 def _gather_slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -229,8 +274,8 @@ def cpu_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     (``minillm/kernels/cpu/attention.py``). A row of several queries (a prefill, a chunk,
     drafts to verify) enters the kernel as that many one-query rows, query j of the row
     seeing its sequence's keys up to its own position: the causal mask, by construction
-    (``cpu_attention_rows``). A learner's plugged decode attention, or a dtype the kernel
-    does not take (float16), runs ``torch_attention``.
+    (``cpu_attention_rows``). A learner's plugged decode attention or K/V store, or a dtype
+    the kernel does not take (float16), runs ``torch_attention``.
 
     The ``cpu`` backend's entry in ``BACKENDS``: the model's layer loop and a compiled step's
     attention op call it. ``model.Llama._cpu_layers`` takes the same route with the same rows
@@ -246,8 +291,9 @@ def cpu_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def cpu_attention_rows(meta: AttentionMetadata, dtype: torch.dtype):
     """The step's queries as the CPU kernel's rows (an ``AttentionRows``), built once per step
     and reused by every layer; None where the kernel does not attend this step (a ``dtype`` it
-    does not take, or a learner's decode attention plugged in, chapter 3): ``torch_attention``
-    does. One row per query token, with its sequence's block table and its own number of keys.
+    does not take, or a learner's decode attention or K/V store plugged in, chapter 3):
+    ``torch_attention`` does. One row per query token, with its sequence's block table and its
+    own number of keys.
     Query j of a sequence with n queries and ctx keys (this step's included) sees keys
     0 .. ctx - n + j, as ``torch_attention``'s shifted causal mask lets it.
 
@@ -255,7 +301,8 @@ def cpu_attention_rows(meta: AttentionMetadata, dtype: torch.dtype):
     into chunks or on the other rows of the step: the kernel gives a row the same bits alone or
     in any batch (tests/test_cpu_attention.py).
     """
-    if dtype not in cpu_kernel.DTYPES or seams.plugged("paged_decode_attention") is not None:
+    if (dtype not in cpu_kernel.DTYPES or seams.plugged("paged_decode_attention") is not None
+            or seams.plugged("store_kv_triton") is not None):  # a learner's attention or K/V store (chapter 3)
         return None
     plan = meta.plan
     if "cpu_rows" not in plan:
@@ -284,6 +331,10 @@ def triton_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def triton_write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """The triton backend's write: the library's kernel, or a learner's plugged ``store_kv_triton``."""
+    mine = seams.plugged("store_kv_triton")  # a learner's Triton K/V store (chapter 3), when plugged in
+    if mine is not None:
+        return plugged_store_kv(mine, k, v, k_cache, v_cache, slot_mapping)
     from minillm.kernels.store_kv import store_kv
 
     store_kv(k, v, k_cache, v_cache, slot_mapping)
@@ -292,7 +343,8 @@ def triton_write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
 def write_and_attend(backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """One layer's attention through ``backend`` (a ``BACKENDS`` pair): this step's K/V join
-    the layer's cache first, then every query attends over its sequence's cached keys."""
+    the layer's cache first (every backend's write is ``store_kv_triton``'s seam), then every
+    query attends over its sequence's cached keys."""
     write, attend = backend
     k_cache, v_cache = kv_cache
     write(k, v, k_cache, v_cache, meta.slot_mapping)
