@@ -32,6 +32,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     Hints: ``x.float()``, ``torch.rsqrt``, ``mean(-1, keepdim=True)``. No mean is
     subtracted: unlike LayerNorm, RMSNorm only rescales.
 
+    In the engine: plugs into the seam ``rms_norm`` (``minillm/seams.py``), where it takes the
+    place of every norm of the model's forward (the chapter's "Run it in the engine" cell).
+
     Answer, after you try: ``minillm/model.py``, ``rms_norm``.
     """
     raise NotImplementedError
@@ -76,6 +79,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     Hints: write ``rotate_half(x) = cat([-x[..., D/2:], x[..., :D/2]])``, then
     ``x * cos + rotate_half(x) * sin``; broadcast cos over heads with
     ``cos[:, None, :]``. Pairs are (i, i + D/2), not neighbours (2i, 2i + 1).
+
+    In the engine: plugs into the seam ``apply_rope`` (``minillm/seams.py``), where it rotates
+    the queries and keys of every layer (H is then the query and key heads together).
 
     Answer, after you try: ``minillm/model.py``, ``apply_rope``.
     """
@@ -127,6 +133,10 @@ def sample_next_token(logits: torch.Tensor, temperature: float, top_k: int = -1,
     Hints: divide by the temperature before filtering; reuse your
     ``apply_top_k_top_p`` on ``logits[None]``; ``torch.multinomial(probs, 1,
     generator=generator)`` draws one index.
+
+    In the engine: plugs into the seam ``sample_next_token`` (``minillm/seams.py``), where it
+    picks the next token of every row of a step, with the generator the engine seeds for that
+    token's position.
 
     Answer, after you try: ``minillm/sampling.py``: ``compute_probs`` (the
     distribution), ``sample_from_probs`` (the draw) and ``sample`` (both, greedy

@@ -31,6 +31,10 @@ guards a graph on the CPU thread count, and a step at another count compiles aga
 so a compiled engine keeps one count: ``cpu_threads="auto"`` does not move it with the
 load of other programs (threads.py) as it does for eager steps; an integer fixes it. CPU and the
 torch attention backend only: on CUDA, ``cuda_graphs=True`` removes the same overhead.
+
+While a learner's function is plugged into a seam of the forward (``model.FORWARD_SEAMS``:
+chapter 0's norm and RoPE, chapter 3's K/V store), a step runs the eager forward, which
+calls it; the graph never holds a learner's code.
 """
 from __future__ import annotations
 
@@ -90,6 +94,8 @@ class CompiledForward:
         self._fn = torch.compile(model.forward, dynamic=True, fullgraph=True)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, kv_caches) -> torch.Tensor:
+        if model.forward_seam_plugged():  # a learner's norm, RoPE or K/V store: the eager forward calls it
+            return self.model(input_ids, positions, meta, kv_caches)
         # Views of the step's one upload (model_runner.build_batch) start at offset T, which
         # the graph would specialize for T = 1 as for a size: it gets tensors of their own.
         input_ids, positions = input_ids.clone(), positions.clone()

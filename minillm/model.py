@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import seams
 from .attention import BACKENDS, AttentionMetadata, cpu_attention_rows, torch_attention, write_and_attend
 from .config import ModelConfig
 from .kernels.cpu import build as cpu_build
@@ -24,6 +25,25 @@ from .kernels.rmsnorm import rms_norm_ref
 # x / rms(x) * weight in float32, rounded to x.dtype where transformers rounds: the model's norm
 # is the Triton kernel's oracle itself (one body, kernels/rmsnorm.py), so the two cannot drift.
 rms_norm = rms_norm_ref
+
+# The seams of the forward (``minillm/seams.py``) that the cpu backend's fused layer ops, a
+# compiled step (compiled.py) and a captured CUDA graph (model_runner.DecodeGraphs) would go
+# around: chapter 0's norm and RoPE, chapter 3's K/V store. While one is plugged, those
+# step aside and the plain layer loop below runs, calling it.
+FORWARD_SEAMS = ("rms_norm", "apply_rope", "store_kv_triton")
+
+
+def forward_seam_plugged() -> bool:
+    """Whether a learner's function is plugged into one of ``FORWARD_SEAMS``: then only the
+    plain layer loop (``Llama.forward`` without ``_cpu_layers``, eagerly) runs it."""
+    return any(seams.plugged(name) is not None for name in FORWARD_SEAMS)
+
+
+def _plugged(name: str):
+    """``seams.plugged(name)``, or None while torch.compile traces the forward: a compiled
+    step runs only while nothing in ``FORWARD_SEAMS`` is plugged (compiled.py steps aside to
+    the eager forward), so its graph holds the library's code and no guard on the seams."""
+    return None if torch.compiler.is_compiling() else seams.plugged(name)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +88,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class RMSNorm(nn.Module):
-    """``rms_norm``; with the Triton backend on a GPU, the Triton kernel (one pass per row)."""
+    """``rms_norm``; with the Triton backend on a GPU, the Triton kernel (one pass per row);
+    a learner's ``rms_norm`` (chapter 0) when one is plugged into its seam."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -77,6 +98,9 @@ class RMSNorm(nn.Module):
         self.use_triton = False  # set by Llama.set_attention_backend
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mine = _plugged("rms_norm")  # a learner's norm (chapter 0), when plugged in
+        if mine is not None:
+            return mine(x, self.weight, self.eps)
         if self.use_triton and x.is_cuda:
             from minillm.kernels.rmsnorm import rms_norm as triton_rms_norm
 
@@ -178,7 +202,8 @@ class Attention(nn.Module):
         qk, v = self.qkv_proj(x).split([cfg.q_size + cfg.kv_size, cfg.kv_size], dim=-1)
         # RoPE on the query and key heads in one go: they are adjacent in the projection,
         # and the rotation is per head, so this is the same arithmetic as rotating each.
-        qk = apply_rope(qk.view(T, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        rope = _plugged("apply_rope") or apply_rope  # a learner's RoPE (chapter 0), when plugged in
+        qk = rope(qk.view(T, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim), cos, sin)
         q, k = qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]  # [T, Hq, D], [T, Hkv, D]
         v = v.view(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
         if meta is None:  # inside a compiled step (compiled.py): the same, as one opaque op
@@ -258,7 +283,8 @@ class Llama(nn.Module):
         h = self.embed(input_ids)  # [T, hidden]
         if cos.dtype != h.dtype:
             cos, sin = cos.to(h.dtype), sin.to(h.dtype)
-        if self.attention_backend == "cpu" and meta is not None and h.dtype in CPU_LAYER_DTYPES and not h.is_cuda:
+        if (self.attention_backend == "cpu" and meta is not None and h.dtype in CPU_LAYER_DTYPES and not h.is_cuda
+                and not forward_seam_plugged()):  # a plugged norm, RoPE or K/V store: the loop below calls it
             return self._cpu_layers(h, cos, sin, meta, kv_caches)
         for layer, kv in zip(self.layers, kv_caches if kv_caches is not None else [None] * len(self.layers)):
             h = layer(h, cos, sin, meta, kv, self._backend)
@@ -282,6 +308,9 @@ class Llama(nn.Module):
         attend this step. Only the binding differs: ``ForwardOps`` binds the rows to its query
         and output buffers and every layer's caches once per forward, and a layer passes its
         index, where ``cpu_attention`` checks its tensors at each call.
+
+        Not while a learner's function is plugged into a seam of ``FORWARD_SEAMS``: these calls
+        would go around it, so ``forward`` runs the loop above instead.
         """
         T, cfg = h.shape[0], self.cfg
         rows = cpu_attention_rows(meta, h.dtype)  # None: a learner's decode attention is plugged in (chapter 3)

@@ -22,6 +22,7 @@ import torch
 from .attention import AttentionMetadata
 from .block_manager import slots_for  # token position -> cache slot through a block table
 from .config import ModelConfig
+from .model import forward_seam_plugged
 from .request import Request
 from .sampling import param_table_bits
 from .scheduler.output import ScheduledRequest, SchedulerOutput
@@ -213,14 +214,21 @@ class ModelRunner:
         return kv_cache_bytes(self.kv_caches)
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
-        """Capture the decode forward once per batch-size bucket (CUDA, Triton backend)."""
-        self.graphs = DecodeGraphs(self, max_num_seqs, max_model_len)
+        """Capture the decode forward once per batch-size bucket (CUDA, Triton backend).
+
+        Not while a learner's function is plugged into a seam of the forward
+        (``model.FORWARD_SEAMS``): a graph would replay its kernels after it is unplugged,
+        and never call it again while plugged. Such an engine runs every step eagerly.
+        """
+        if not forward_seam_plugged():
+            self.graphs = DecodeGraphs(self, max_num_seqs, max_model_len)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelOutput:
         """One forward over the rows of ``out``; logits only where a row samples."""
         b = build_batch(out.rows, self.block_size, self.device)
-        if self.graphs is not None and self.graphs.can_replay(out, b):
+        # A learner's norm, RoPE or K/V store plugged in (model.FORWARD_SEAMS): the eager forward calls it.
+        if self.graphs is not None and self.graphs.can_replay(out, b) and not forward_seam_plugged():
             logits = self.graphs.replay(b)
             return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts, b.sampling_table)
         hidden = self.forward(b.input_ids, b.positions, b.meta, self.kv_caches)  # [T, hidden]

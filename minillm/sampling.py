@@ -6,6 +6,10 @@ comes from (the request's seed, p) alone (``position_noise``), so a seeded reque
 produces the same text whatever else shares its batch, and whether or not its tokens
 were drafted and verified (speculative decoding) or sampled one by one.
 Temperature 0 means greedy (argmax), with no randomness at all.
+
+A learner's ``sample_next_token`` (chapter 0) plugged into its seam (``minillm/seams.py``)
+picks every row's token in ``sample`` and in the engine's ``sample_at``, one row per call,
+with a generator seeded for the row's position as the library's own draw is.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from . import seams
 from .sampling_params import SamplingParams
 
 def _rows_k(top_k: torch.Tensor, V: int) -> torch.Tensor:
@@ -145,9 +150,27 @@ def sample_from_probs(probs: torch.Tensor, generators: Sequence[torch.Generator 
     return exponential_race(probs, noise.to(probs.dtype))
 
 
+def plugged_rows(mine, logits: torch.Tensor, params: Sequence[SamplingParams],
+                 generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """logits [B, V] -> tokens [B], row b from ``mine(logits[b], temperature, top_k, top_p,
+    generators[b])``: a learner's ``sample_next_token`` (chapter 0), one call per row. A
+    greedy row passes temperature 0 (however small its own), as ``SamplingParams.greedy`` reads it."""
+    V = logits.shape[-1]
+    out = []
+    for row, p, g in zip(logits, params, generators):
+        t = int(mine(row, 0.0 if p.greedy else p.temperature, p.top_k, p.top_p, g))
+        if not 0 <= t < V:
+            raise ValueError(f"sample_next_token returned {t}, not a token id in [0, {V})")
+        out.append(t)
+    return torch.tensor(out, dtype=torch.long, device=logits.device)
+
+
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None]) -> torch.Tensor:
     """logits [B, V] -> next tokens [B]. Greedy rows take the argmax and draw nothing."""
+    mine = seams.plugged("sample_next_token")  # a learner's sampler (chapter 0), when plugged in
+    if mine is not None:
+        return plugged_rows(mine, logits, params, generators)
     out = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
@@ -239,7 +262,12 @@ def sample_at(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Seq
     Greedy rows take the argmax and draw nothing; the others are
     argmax(probs / E) with E = ``position_noise(seeds[b], [positions[b]])``. ``table``: the
     rows' parameters on the device (``compute_probs``), or None.
+
+    A plugged ``sample_next_token`` picks each row's token instead (``sample_at_plugged``).
     """
+    mine = seams.plugged("sample_next_token")  # a learner's sampler (chapter 0), when plugged in
+    if mine is not None:
+        return sample_at_plugged(mine, logits, params, seeds, positions, generators)
     out = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rows:
@@ -254,6 +282,30 @@ def sample_at(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Seq
     for j, i in enumerate(rows):
         out[i] = tokens[j]
     return out
+
+
+def sample_at_plugged(mine, logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequence[int | None],
+                      positions: Sequence[int], generators: Sequence[torch.Generator | None] | None = None
+                      ) -> torch.Tensor:
+    """``sample_at`` through a learner's ``sample_next_token`` (chapter 0), one row per call.
+
+    A sampled row of a seeded request gets its generator seeded for its position
+    (``noise_seed``), as ``position_noise`` seeds it for the library's draw: a sampler that
+    draws its V uniforms from it as ``sample_from_probs`` does (the reference answer calls
+    ``sample``) picks the library's very token. A greedy row's generator is left as it is,
+    an unseeded request's is None (torch's global generator).
+    """
+    gens: list[torch.Generator | None] = []
+    for b, (p, s) in enumerate(zip(params, seeds)):
+        g = None if generators is None else generators[b]
+        if not p.greedy:
+            if s is None:
+                g = None
+            else:
+                g = torch.Generator(device=logits.device) if g is None else g
+                g.manual_seed(noise_seed(s, positions[b]))
+        gens.append(g)
+    return plugged_rows(mine, logits, params, gens)
 
 
 def noise_for_rows(params: Sequence[SamplingParams], seeds: Sequence[int | None], starts: Sequence[int], n: int,
