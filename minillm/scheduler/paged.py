@@ -63,6 +63,8 @@ Chapter 6 adds two options:
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from .. import seams
 from ..block_manager import blocks_needed, min_num_blocks
 from ..config import SCHEDULING_POLICIES, SpeculativeConfig, check_queue_timeouts, queue_timeout
@@ -160,7 +162,7 @@ class PagedScheduler(Scheduler):
         """
         while not self.block_manager.can_grow(r, num_tokens):
             if self.scheduling_policy == "priority":  # the lowest class without a row, newest first
-                victim = prio.pick_victim(self.running, exclude=[row.request for row in out.rows])
+                victim = self._victim_by_class(exclude=[row.request for row in out.rows])
                 if victim is None:
                     return False
             else:
@@ -337,13 +339,48 @@ class PagedScheduler(Scheduler):
                 break
             if r.status is not RequestStatus.RUNNING or r in scheduled or not r.is_prefill:
                 continue
-            n = self._fit_chunk(r, min(r.num_tokens - r.num_computed_tokens, budget), out)
+            n = min(r.num_tokens - r.num_computed_tokens, budget)
+            if self.enable_chunked_prefill and seams.plugged("split_budget") is not None:
+                n = self._chunk_by_class(r, n, out, budget, [x for x in self._by_class() if x is not r
+                                                             and x.status is RequestStatus.RUNNING
+                                                             and x not in scheduled and x.is_prefill])
+            n = self._fit_chunk(r, n, out)
             if n is None:
                 continue
             if n:
                 self.add_row(r, n, out)
                 budget -= n
         return budget
+
+    def _victim_by_class(self, below_level: int | None = None, exclude: Sequence[Request] = ()) -> Request | None:
+        """``prio.pick_victim``: the lowest class, newest first. A plugged ``choose_victim``
+        (chapter 3) picks among the running requests of that lowest class."""
+        choose = seams.plugged("choose_victim")
+        if choose is None:
+            return prio.pick_victim(self.running, below_level, exclude)
+        skip = {id(r) for r in exclude}
+        cands = [r for r in self.running if id(r) not in skip and (below_level is None or r.priority > below_level)]
+        if not cands:
+            return None
+        lowest = max(r.priority for r in cands)
+        cands = [r for r in cands if r.priority == lowest]
+        victim = choose(list(cands))
+        if not any(victim is r for r in cands):
+            raise ValueError(f"choose_victim returned {victim!r}, which is not one of the running requests "
+                             f"it was given")
+        return victim
+
+    def _chunk_by_class(self, r: Request, most: int, out: SchedulerOutput, budget: int,
+                        after: Sequence[Request], hit: list[int] | None = None) -> int:
+        """With the priority policy and a plugged ``split_budget`` (chapter 4): ``r``'s chunk
+        this step, asked of it with ``r`` first and the prefills that would come after it
+        (``after``, in the policy's order) behind, in the budget still left."""
+        num_decodes = sum(1 for row in out.rows if row.num_new_tokens == 1 and not row.request.is_prefill)
+        lefts = [self._left(r, hit or [])] + [self._left(x, self.block_manager.lookup_prefix(x)) for x in after]
+        chunks = list(seams.plugged("split_budget")(num_decodes, list(lefts), num_decodes + budget))
+        if len(chunks) != len(lefts):
+            raise ValueError(f"split_budget returned {len(chunks)} chunk sizes for {len(lefts)} prefills")
+        return self._checked_chunk({r: chunks[0]}, r, most)
 
     def _make_room_for_timed_out(self, out: SchedulerOutput) -> None:
         """If the request first in the admission order has waited past its timeout and there
@@ -360,7 +397,7 @@ class PagedScheduler(Scheduler):
         decodes = sum(1 for x in self.running if not x.is_prefill) if self.enable_chunked_prefill else 0
         n = self._admission_tokens(r, hit, max(self.max_num_batched_tokens - decodes, 1))
         while n and not self._can_admit(r, n, hit):
-            victim = prio.pick_victim(self.running, below_level=r.priority)
+            victim = self._victim_by_class(below_level=r.priority)
             if victim is None:
                 return
             self.preempt(victim)
@@ -385,14 +422,15 @@ class PagedScheduler(Scheduler):
             hit = self.block_manager.lookup_prefix(r)
             n = self._admission_tokens(r, hit, budget)
             while n and may_push and not self._can_admit(r, n, hit):
-                victim = prio.pick_victim(self.running, below_level=r.priority,
-                                          exclude=[row.request for row in out.rows])
+                victim = self._victim_by_class(below_level=r.priority, exclude=[row.request for row in out.rows])
                 if victim is None:
                     break
                 self.preempt(victim)
                 out.preempted.append(victim)
                 hit = self.block_manager.lookup_prefix(r)  # the victim's blocks may now be cached hits
                 n = self._admission_tokens(r, hit, budget)
+            if n and self.enable_chunked_prefill and seams.plugged("split_budget") is not None:
+                n = self._chunk_by_class(r, n, out, budget, order[1:], hit)
             if n == 0 or not self._can_admit(r, n, hit):
                 break  # the request picked waits for room; nobody behind it jumps ahead
             self.waiting.remove(r)
