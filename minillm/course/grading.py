@@ -12,11 +12,14 @@ top to bottom before a single exercise is written.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
+import inspect
 import os
 import subprocess
 import sys
+import textwrap
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable
@@ -64,6 +67,19 @@ def mine(chapter: str, name: str) -> Callable[..., Any]:
 
     call.source = package
     return call
+
+
+def is_stub(fn: Callable) -> bool:
+    """True when the body is still only ``raise NotImplementedError`` (after the docstring)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.FunctionDef) else []
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        body = body[1:]
+    return (len(body) == 1 and isinstance(body[0], ast.Raise) and body[0].exc is not None
+            and "NotImplementedError" in ast.unparse(body[0].exc))
 
 
 def show_grade(chapter: str, impl_name: str | None = None, timeout: float = 300.0) -> str:
