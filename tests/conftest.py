@@ -42,6 +42,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for the test, then as before."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def real_llm():
     """The real SmolLM2 in fp32 on the CPU, simple engine, a short context (cheap KV)."""

@@ -5,14 +5,12 @@ Fast checks on a tiny random Llama; tests/test_capstone.py runs the real model.
 from __future__ import annotations
 
 import sys
-from collections import deque
 from pathlib import Path
 
 import pytest
-import torch
 
 from minillm import SamplingParams, seams
-from test_spec_engine import TINY_WEIGHTS, TINY, assert_all_free, run, tiny_engine, tiny_prompts
+from test_spec_engine import assert_all_free, run, tiny_engine, tiny_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -25,11 +23,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread):
+    """These tests time nothing: one thread keeps them quick on a shared machine."""
 
 
 def schedule_of(engine):

@@ -11,11 +11,9 @@ from __future__ import annotations
 import math
 import random
 import sys
-from collections import OrderedDict, deque
 from pathlib import Path
 
 import pytest
-import torch
 
 from minillm import SamplingParams, seams
 from minillm.block_manager import BlockAllocator
@@ -39,11 +37,8 @@ SOLUTIONS = dict(longest_cached_prefix=s06.longest_cached_prefix,
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread):
+    """These tests time nothing: one thread keeps them quick on a shared machine."""
 
 
 def conversations(seed: int = 0) -> list[list[int]]:

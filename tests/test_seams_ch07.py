@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from minillm import seams
 from minillm.bench import loadgen
@@ -28,11 +27,8 @@ SOLUTIONS = dict(poisson_arrivals=s07.poisson_arrivals, goodput=s07.goodput, nex
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread):
+    """These tests time nothing: one thread keeps them quick on a shared machine."""
 
 
 def spy(fn, calls: list):

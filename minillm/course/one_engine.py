@@ -26,7 +26,7 @@ import json
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from minillm import seams
 
