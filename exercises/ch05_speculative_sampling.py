@@ -1,4 +1,4 @@
-"""Chapter 5 exercises: the rejection-sampling rule, the n-gram drafter, the speedup.
+"""Chapter 5 exercises: the rejection-sampling rule, the n-gram drafter, the speedup, the strategy.
 
 Replace each ``raise NotImplementedError`` with your code, then grade it from the
 repository root:
@@ -13,6 +13,8 @@ Notation: the drafter proposes x_0 .. x_{k-1}, x_i sampled from q_i; the target 
 gives p_0 .. p_k (p_i for the slot of x_i, p_k for the slot after the last draft).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -181,6 +183,43 @@ def next_num_speculative_tokens(k: int, acceptance: float | None, k_max: int, k_
     the result clamped to [k_min, k_max].
 
     Answer, after you try: ``minillm/spec_decode/policy.py``, ``next_num_speculative_tokens``.
+    """
+    raise NotImplementedError
+
+
+def pick_strategy(num_requests: int, alpha: float, k: int, step_time: Callable[[int, int], float]) -> str:
+    """Continuous batching, speculative decoding, or both: which one serves these requests fastest.
+
+    The scenario: ``num_requests`` requests are in flight at once, each still wanting many
+    tokens (steady decoding: leave out prefills and the end of the run). A drafter that
+    costs nothing (prompt lookup) proposes ``k`` tokens for a request at every step; each
+    draft is accepted independently with probability ``alpha`` and verification stops at
+    the first rejection, as in ``expected_tokens_per_forward``.
+    ``step_time(num_rows, tokens_per_row)`` is the seconds of one target forward in which
+    ``num_rows`` requests each feed ``tokens_per_row`` tokens: 1 for a plain decode step,
+    k + 1 (the known token and k drafts) for a step that verifies drafts.
+
+    The three strategies, returned as these strings:
+      - "continuous": continuous batching without speculation; every step runs all
+        ``num_requests`` requests, one token each (with one request: plain decoding);
+      - "speculative": speculation without batching; one request at a time (the others
+        wait), every step verifying its k drafts;
+      - "both": every step runs all ``num_requests`` requests, each verifying its k drafts.
+
+    Contract: compare the strategies by throughput, the expected output tokens per second
+    of all the requests together. Go through them in the order "continuous",
+    "speculative", "both": a strategy replaces the current pick only when its throughput
+    is more than 1% higher than the pick's (so a tie keeps the simpler strategy; with one
+    request, "both" is the same as "speculative"). Raise ValueError unless
+    num_requests >= 1, 0 <= alpha <= 1 and k >= 1.
+
+    Hints: for each strategy, ask what one step emits on average and what that step
+    costs; reuse ``expected_tokens_per_forward``. Section 7 of the chapter measured the
+    three strategies on this machine; its cell "Your pick_strategy against the measured
+    grid" puts your picks next to those measurements.
+
+    Answer, after you try: ``solutions/ch05_speculative_sampling.py``, which builds it from
+    ``minillm/spec_decode/policy.py``, ``expected_speedup``.
     """
     raise NotImplementedError
 

@@ -4,6 +4,8 @@ The answers are the code ``minillm/spec_decode`` runs; each wrapper says where t
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from minillm.spec_decode import rejection_sampler
@@ -72,6 +74,32 @@ def next_num_speculative_tokens(k: int, acceptance: float | None, k_max: int, k_
     from minillm.spec_decode import policy
 
     return policy.next_num_speculative_tokens(k, acceptance, k_max, k_min, up, down)
+
+
+def pick_strategy(num_requests: int, alpha: float, k: int, step_time: Callable[[int, int], float]) -> str:
+    """Rate x acceptance. Batching serves n rows for the price of one step of n rows;
+    speculation multiplies each row's tokens per step by the expected emitted tokens for the
+    price of a verification step, which is ``policy.expected_speedup`` with the verify cost
+    at that batch size (``minillm/spec_decode/policy.py``). "Both" is the product of
+    the two gains, taken at n rows: it shrinks once a step of n * (k + 1) tokens is compute-bound."""
+    from minillm.spec_decode import policy
+
+    if num_requests < 1 or not 0.0 <= alpha <= 1.0 or k < 1:
+        raise ValueError(f"need num_requests >= 1, 0 <= alpha <= 1, k >= 1; "
+                         f"got num_requests={num_requests}, alpha={alpha}, k={k}")
+    n = num_requests
+
+    def speculation_gain(rows: int) -> float:  # tokens/s with k drafts per row over without, at this many rows
+        return policy.expected_speedup(alpha, k, step_time(rows, k + 1) / step_time(rows, 1))
+
+    throughput = {"continuous": n / step_time(n, 1),
+                  "speculative": speculation_gain(1) / step_time(1, 1),
+                  "both": n / step_time(n, 1) * speculation_gain(n)}
+    pick = "continuous"
+    for name in ("speculative", "both"):
+        if throughput[name] > 1.01 * throughput[pick]:
+            pick = name
+    return pick
 
 
 def quiz_answers() -> dict[str, str | float]:

@@ -23,6 +23,7 @@ expected_tokens_per_forward = adapters.function(CHAPTER, "expected_tokens_per_fo
 speculative_speedup = adapters.function(CHAPTER, "speculative_speedup")
 rollback_blocks = adapters.function(CHAPTER, "rollback_blocks")
 next_num_speculative_tokens = adapters.function(CHAPTER, "next_num_speculative_tokens")
+pick_strategy = adapters.function(CHAPTER, "pick_strategy")
 quiz_answers = adapters.function(CHAPTER, "quiz_answers")
 
 
@@ -299,6 +300,92 @@ def test_next_num_speculative_tokens(k, acc, want):
 def test_next_num_speculative_tokens_custom_thresholds():
     assert next_num_speculative_tokens(2, 0.6, 8, k_min=2, up=0.5, down=0.2) == 3
     assert next_num_speculative_tokens(2, 0.1, 8, k_min=2, up=0.5, down=0.2) == 2
+
+
+# ---------------------------------------------------------------- pick_strategy
+
+STRATEGIES = ("continuous", "speculative", "both")
+
+
+def _pick_strategy_ref(num_requests: int, alpha: float, k: int, step_time) -> str:
+    """Written from the docstring: throughput = expected tokens a step emits / its seconds."""
+    n = num_requests
+    emitted = sum(alpha ** i for i in range(k + 1))  # per request per verification step
+    throughput = {"continuous": n / step_time(n, 1),               # n rows, one token each
+                  "speculative": emitted / step_time(1, k + 1),     # one row, k drafts
+                  "both": n * emitted / step_time(n, k + 1)}        # n rows, k drafts each
+    pick = "continuous"
+    for name in STRATEGIES[1:]:
+        if throughput[name] > 1.01 * throughput[pick]:
+            pick = name
+    return pick
+
+
+# Step costs in seconds, as functions of (rows, tokens per row):
+def _weight_bound(rows, n):  # a step reads the weights once: flat until 64 tokens, then compute-bound
+    return 0.010 + 0.0002 * max(0, rows * n - 64)
+
+
+def _compute_bound(rows, n):  # every token pays its matmuls from the start (a small CPU)
+    return 0.020 + 0.005 * rows * n
+
+
+def _fitted_like(rows, n):  # shaped like a fitted cost model: overhead, per token, per logits row, per row
+    return 0.030 + 0.0046 * rows * n + 0.002 * rows
+
+
+def _per_row_heavy(rows, n):  # long contexts: each row's attention costs more than its tokens
+    return 0.010 + 0.010 * rows + 0.0001 * rows * n
+
+
+def _batching_hurts(rows, n):  # a device that thrashes when requests share a step
+    return 0.010 * rows * rows * (1 + 0.02 * (n - 1))
+
+
+# (what the case is, num_requests, alpha, k, step_time, the answer by the contract)
+PICK_CASES = [
+    ("one request, weight-bound, good drafts", 1, 0.8, 4, _weight_bound, "speculative"),
+    ("one request, weight-bound, no draft ever accepted (a tie)", 1, 0.0, 4, _weight_bound, "continuous"),
+    ("one request, compute-bound, good drafts", 1, 0.8, 4, _compute_bound, "speculative"),
+    ("one request, compute-bound, poor drafts", 1, 0.3, 4, _compute_bound, "continuous"),
+    ("8 requests, weight-bound, good drafts", 8, 0.8, 4, _weight_bound, "both"),
+    ("8 requests, weight-bound, poor drafts", 8, 0.1, 4, _weight_bound, "both"),
+    ("8 requests, compute-bound, good drafts", 8, 0.8, 4, _compute_bound, "continuous"),
+    ("64 requests, weight-bound: the verify step is compute-bound", 64, 0.8, 4, _weight_bound, "continuous"),
+    ("16 requests, weight-bound, k = 2", 16, 0.9, 2, _weight_bound, "both"),
+    ("one request, fitted-like cost", 1, 0.9, 4, _fitted_like, "speculative"),
+    ("8 requests, fitted-like cost", 8, 0.9, 4, _fitted_like, "both"),
+    ("32 requests, fitted-like cost, alpha 0.5", 32, 0.5, 4, _fitted_like, "continuous"),
+    ("8 requests, long contexts (cost per row)", 8, 0.5, 4, _per_row_heavy, "both"),
+    ("4 requests, batching hurts on this device", 4, 0.8, 4, _batching_hurts, "speculative"),
+    ("8 requests, both 0.4% faster than continuous: not more than 1%", 8, 0.004, 1, _weight_bound, "continuous"),
+    ("8 requests, both 2% faster than continuous", 8, 0.02, 1, _weight_bound, "both"),
+]
+
+
+@pytest.mark.parametrize("case", PICK_CASES, ids=[c[0] for c in PICK_CASES])
+def test_pick_strategy(case):
+    oracle = [_pick_strategy_ref(*c[1:5]) for c in PICK_CASES]
+    assert oracle == [c[5] for c in PICK_CASES], "the test table disagrees with its own oracle"
+    assert set(oracle) == set(STRATEGIES), "every strategy must win at least one graded case"
+    what, n, alpha, k, step_time, want = case
+    got = pick_strategy(n, alpha, k, step_time)
+    adapters.expect(got, want, f"pick_strategy({n}, alpha={alpha}, k={k}, {step_time.__name__.lstrip('_')}) "
+                               f"[{what}]")
+
+
+def test_pick_strategy_one_request_prefers_speculative_to_both():
+    # With one request "both" and "speculative" are the same strategy: the tie keeps "speculative".
+    for alpha in (0.5, 0.9, 1.0):
+        adapters.expect(pick_strategy(1, alpha, 3, _weight_bound), "speculative",
+                        f"pick_strategy(1, alpha={alpha}, k=3, weight_bound): one request, free verification")
+
+
+@pytest.mark.parametrize("bad", [(0, 0.5, 4), (4, -0.1, 4), (4, 1.1, 4), (4, 0.5, 0)],
+                         ids=["no request", "alpha < 0", "alpha > 1", "k = 0"])
+def test_pick_strategy_rejects_bad_input(bad):
+    with pytest.raises(ValueError):
+        pick_strategy(*bad, _weight_bound)
 
 
 # ---------------------------------------------------------------- questions
