@@ -49,3 +49,15 @@ def test_saved_outputs_are_whole_small_and_of_no_machine(path):
     assert not re.search(r"[?&]token=\w{16,}", text), f"{path.name}: a server token in an output"
     assert path.stat().st_size < MAX_SAVED_BYTES, f"{path.name}: {path.stat().st_size} bytes saved"
     assert "widgets" not in json.loads(text).get("metadata", {}), f"{path.name}: widget state saved"
+
+
+def test_widgets_draw_their_first_figure_as_a_saved_output():
+    """An explorer's first chart is an ordinary output: the saved chapter shows it without a kernel."""
+    found = 0
+    for path in CHAPTERS:
+        for i, cell in enumerate(code_cells(path)):
+            if "charts.explorer(" in "".join(cell["source"]):
+                found += 1
+                pngs = [o for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+                assert pngs, f"{path.name}, code cell {i}: the explorer saved no figure"
+    assert found, "no chapter has an explorer: this test checks nothing"

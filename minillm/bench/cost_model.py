@@ -69,6 +69,15 @@ class CostModel:
         return self.predict(step_features(num_new_tokens, context_lens, num_sampled))
 
     @classmethod
+    def reference(cls) -> "CostModel":
+        """The shipped reference: a fit on chapter 02's measured steps on a 2-core x86 CPU
+        (SmolLM2-135M, float32, the cpu backend, 1096 steps). It draws a chapter's charts
+        before anything is measured (an instructor's first minute); the chapters then fit
+        their own on this machine's steps."""
+        return cls(overhead=0.0765, per_token=0.00194, per_context=0.0, per_padded_context=0.0, per_sample=0.0,
+                   source="reference: chapter 02's steps on a 2-core x86 CPU, float32 (1096 steps)")
+
+    @classmethod
     def fit(cls, steps: Sequence[StepRecord], source: str = "fit on measured steps") -> "CostModel":
         """Non-negative least squares on measured steps (drops negative terms and refits)."""
         import numpy as np

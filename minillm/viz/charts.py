@@ -15,6 +15,8 @@ simulated runs (cost_model.py) look the same, so every chart works for all of th
 """
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Callable, Mapping, Sequence
 
 from minillm.metrics import StepRecord
@@ -337,12 +339,13 @@ def explorer(cost, num_requests: int = 32, seed: int = 0, short_tokens: int = 20
         return make_workload("skewed", s["num_requests"], s["seed"], short_tokens=short_tokens,
                              long_tokens=s["long_tokens"], rate=s["rate"] or None)
 
-    def redraw(*_):
+    def redraw(*_, into=out):
         s = settings()
         wl = workload_for(s)
         sim = simulate(wl, s["engine"], s["max_num_seqs"], max_model_len=max_model_len, cost=cost)
-        with out:
-            out.clear_output(wait=True)
+        with into if into is not None else contextlib.nullcontext():
+            if into is not None:
+                into.clear_output(wait=True)
             fig = plt.figure(figsize=(12, 6.5))
             grid = fig.add_gridspec(2, 2, height_ratios=[1.3, 1])
             plot_timeline(sim, fig.add_subplot(grid[0, :]))
@@ -375,7 +378,10 @@ def explorer(cost, num_requests: int = 32, seed: int = 0, short_tokens: int = 20
     button.on_click(check)
     ui = W.VBox([W.HBox([engine, batch]), W.HBox([skew, rate]), W.HBox([button, note]), out])
     display(ui)
-    redraw()
+    # The first figure is an ordinary output of the cell, so a saved notebook shows it;
+    # a moved control redraws inside the widget, under the controls.
+    note.value = "<i>move a control: the chart is redrawn here</i>"
+    redraw(into=None)
     return ui
 
 
