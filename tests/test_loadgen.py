@@ -140,7 +140,10 @@ def test_poisson_run_has_exact_lengths_and_consistent_summary(server):
     assert (s["num_ok"], s["num_failed"]) == (12, 0), res.errors
     for r in res.records:
         assert r["output_tokens"] == 6 and r["finish_reason"] == "length"
-        assert 0 < r["ttft"] <= r["e2e"] and r["tpot"] > 0 and 1 <= len(r["itls"]) + 1 <= 6
+        assert 0 < r["ttft"] <= r["e2e"] and 1 <= len(r["itls"]) + 1 <= 6
+        # The server may send several tokens in one chunk when the client reads late; all six
+        # in one chunk arrive at one instant, so the client sees them 0 s apart.
+        assert r["tpot"] > 0 if r["itls"] else r["tpot"] == 0.0, (r["tpot"], r["itls"])
         assert 0 <= r["lag"] < 0.5  # sent on time: the run is open-loop
     assert s["throughput_tok_s"] * s["duration_s"] == pytest.approx(72)
     assert s["ttft_p50"] <= s["ttft_p95"] <= s["ttft_p99"] and s["e2e_p50"] <= s["e2e_p99"]
