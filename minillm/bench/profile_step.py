@@ -36,7 +36,7 @@ from minillm.threads import keeps_torch_threads
 
 BUCKETS = ("matmul", "attention", "kv write", "sampling", "other ops", "python")
 _MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "aten::_weight_int",
-           "mkldnn::_linear_pointwise")
+           "mkldnn::_linear_pointwise", "minillm::cpu_int8_linear", "minillm::cpu_u8_linear", "minillm::cpu_q4_linear")
 _ATTENTION = ("scaled_dot_product", "flash_attention", "aten::index_select", "aten::_efficient_attention",
               "aten::_softmax", "aten::baddbmm", "minillm::cpu_attention_rows")
 

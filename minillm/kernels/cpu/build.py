@@ -1,12 +1,12 @@
 """The CPU kernels' one library: found compiler, build, cache, ctypes bindings.
 
-Both C++ sources (``attention_rows.cpp``, ``layer_ops.cpp``, with ``elements.h``) are
-compiled on first use with the system's C++ compiler (g++ or c++; about 2 s) into one
-shared library in the cache folder (``MINILLM_CACHE``), once per source, compiler and CPU,
-and loaded with ctypes: no build step at install, no Python headers. ``library()`` hands
-it out with every C function's argument types declared; ``attention.py`` and
-``layer_ops.py`` call into it. Where the build fails, the engine's default falls back to
-the torch backend with a warning (``placement``).
+The C++ sources (``attention_rows.cpp``, ``layer_ops.cpp`` with ``elements.h``, and
+``quant_matmul.cpp``) are compiled on first use with the system's C++ compiler (g++ or c++;
+a few seconds) into one shared library in the cache folder (``MINILLM_CACHE``), once per
+source, compiler and CPU, each with its own flags, and loaded with ctypes: no build step at
+install, no Python headers. ``library()`` hands it out with every C function's argument types
+declared; ``attention.py``, ``layer_ops.py`` and ``quant.py`` call into it. Where the build
+fails, the engine's default falls back to the torch backend with a warning (``placement``).
 """
 from __future__ import annotations
 
@@ -29,8 +29,12 @@ FLAGS = ["-O3", "-ffast-math", "-fPIC", "-std=c++17"]
 # The layer ops round where PyTorch rounds: no fast math, and no products fused into FMAs; the
 # two -fno flags change no value (they let floor and division vectorize: no errno, no traps).
 LAYER_FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-std=c++17"]
-SOURCES = ((HERE / "attention_rows.cpp", FLAGS), (HERE / "layer_ops.cpp", LAYER_FLAGS))
-HEADERS = (HERE / "elements.h",)  # included by both sources
+# The quantized matmuls use explicit FMA intrinsics; -ffp-contract=off keeps the compiler from
+# fusing anything else, so that every tile size rounds each output the same way.
+QUANT_FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-std=c++17"]
+SOURCES = ((HERE / "attention_rows.cpp", FLAGS), (HERE / "layer_ops.cpp", LAYER_FLAGS),
+           (HERE / "quant_matmul.cpp", QUANT_FLAGS))
+HEADERS = (HERE / "elements.h",)  # included by attention_rows.cpp and layer_ops.cpp
 LIBRARY = "libminillm_cpu.so"
 # (compile flags, link flags), tried in order: a compiler without OpenMP (Apple's clang) builds
 # kernels that run on the calling thread; one that does not know -march=native, a generic build.
@@ -89,7 +93,11 @@ def _declare(lib) -> None:
     lib.minillm_add_rms_norm.argtypes = [i32, ptr, ptr, ptr, ptr, ptr, i64, i64, f32, i32]
     lib.minillm_silu_mul.argtypes = [i32, ptr, ptr, i64, i64, i32]
     lib.minillm_rope_write.argtypes = [i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i32, i32, i32, i32]
-    for name in ("minillm_attention_rows", "minillm_add_rms_norm", "minillm_silu_mul", "minillm_rope_write"):
+    lib.minillm_int8_linear.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
+    lib.minillm_q4_linear.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i32, i32]
+    lib.minillm_u8_linear.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i32, i32]
+    for name in ("minillm_attention_rows", "minillm_add_rms_norm", "minillm_silu_mul", "minillm_rope_write",
+                 "minillm_int8_linear", "minillm_q4_linear", "minillm_u8_linear"):
         getattr(lib, name).restype = i32
 
 
