@@ -188,6 +188,8 @@ class SpeculativeConfig:
         return cls(**options)
 ATTENTION_BACKENDS = ("torch", "cpu", "triton")
 DTYPES = ("float32", "float16", "bfloat16")
+# Weight-only quantization of the linear layers and the LM head (minillm/quantization.py).
+QUANTIZATIONS = ("int8", "q4")
 
 
 @dataclass(slots=True)
@@ -224,6 +226,9 @@ class EngineConfig:
     # the first step compiles. Greedy tokens as eager's up to float rounding; not bit for bit.
     # Keeps torch's thread count (cpu_threads="auto" does not follow other programs' load).
     compile: bool = False
+    # Weight-only quantization of every linear layer and the LM head (minillm/quantization.py):
+    # None (float weights), "int8" (per output channel) or "q4" (groups of 32, 4 bits). CPU, float32.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         self._check()
@@ -248,6 +253,9 @@ class EngineConfig:
             raise ValueError(f"unknown engine {self.engine!r}; valid engines: {', '.join(ENGINES)}")
         check_seed("seed", self.seed, ENGINE_SEED_LIMIT,
                    "it also derives the seed of every request that has none")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be None (float weights) or one of "
+                             f"{', '.join(map(repr, QUANTIZATIONS))}, got {self.quantization!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
@@ -355,6 +363,7 @@ class ResolvedConfig:
     placement: Any  # minillm.placement.Placement: device, dtype, attention backend
     pack_weights: bool = False  # CPU linears in oneDNN's packed layout (EngineConfig.pack_weights)
     compile: bool = False  # the step's forward as one compiled graph (EngineConfig.compile)
+    quantization: str | None = None  # weight-only quantization (EngineConfig.quantization)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -376,6 +385,6 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 __all__ = ["SCHEDULING_POLICIES", "PRIORITY_CLASSES", "DEFAULT_QUEUE_TIMEOUTS", "priority_level", "priority_class",
-           "check_queue_timeouts", "queue_timeout", "ModelConfig", "EngineConfig", "SpeculativeConfig", "ResolvedConfig", "ENGINES", "ATTENTION_BACKENDS", "DTYPES",
+           "check_queue_timeouts", "queue_timeout", "ModelConfig", "EngineConfig", "SpeculativeConfig", "ResolvedConfig", "ENGINES", "ATTENTION_BACKENDS", "DTYPES", "QUANTIZATIONS",
            "SPEC_METHODS", "MAX_SPECULATIVE_TOKENS", "SEED_LIMIT", "ENGINE_SEED_LIMIT", "check_bool_fields",
            "check_seed", "check_cpu_threads"]

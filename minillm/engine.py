@@ -304,6 +304,10 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
         build.library()
     scheduler = build_scheduler(config, rc, mcfg.eos_token_id)
     model = build_model(mcfg, weights, place.device, place.dtype, place.attention_backend, rc.pack_weights)
+    if rc.quantization:
+        from .quantization import quantize_model
+
+        quantize_model(model, rc.quantization)
     runner = ModelRunner(model, mcfg, rc.num_blocks, rc.block_size, place.device, place.dtype,
                          compile=rc.compile)
     if place.device.type == "cuda" and place.attention_backend == "triton":

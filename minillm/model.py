@@ -249,6 +249,7 @@ class Llama(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope: RopeTable | None = None  # built on the weights' device (build_model, or the first forward)
         self.packed_head: torch.Tensor | None = None  # the LM head in oneDNN's layout (pack_weights)
+        self.quantized_head: nn.Module | None = None  # the LM head quantized (quantization.quantize_model)
         self.set_attention_backend(attention_backend)
 
     def build_rope(self) -> RopeTable:
@@ -332,6 +333,8 @@ class Llama(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab], only for the rows that sample."""
+        if self.quantized_head is not None:
+            return self.quantized_head(hidden)
         if self.packed_head is not None:
             return _packed_linear(hidden, self.packed_head).float()
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight

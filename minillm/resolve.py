@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from . import placement
 from .block_manager import num_blocks_from_budget
 from .compiled import check_compile
@@ -26,7 +28,8 @@ def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
     if config.cuda_graphs and place.attention_backend != "triton":
         raise ValueError(f"cuda_graphs=True needs attention_backend='triton' (the torch backend plans each step "
                          f"on the host, which a graph cannot replay), got {place.attention_backend!r}")
-    pack = _resolve_pack_weights(config.pack_weights, place)
+    _check_quantization(config, place)
+    pack = False if config.quantization else _resolve_pack_weights(config.pack_weights, place)
     if config.compile:
         check_compile(place.device, place.attention_backend)
     max_model_len = config.max_model_len or model_config.max_position_embeddings
@@ -46,7 +49,32 @@ def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
     else:
         block_size, num_blocks = max_model_len, seqs
     return ResolvedConfig(config.engine, max_model_len, seqs, budget, block_size, num_blocks, kv_bytes, place, pack,
-                          config.compile)
+                          config.compile, config.quantization)
+
+
+def _check_quantization(config: EngineConfig, place: Any) -> None:
+    """Quantized weights run in the CPU kernels (kernels/cpu/quant_matmul.cpp), float32 activations."""
+    q = config.quantization
+    if q is None:
+        return
+    if place.device.type != "cpu":
+        raise ValueError(f"quantization={q!r} runs on the CPU kernels; this engine runs on {place.device} "
+                         f"(no CUDA kernel for quantized weights yet): pass device='cpu' or quantization=None")
+    if place.dtype != torch.float32:
+        raise ValueError(f"quantization={q!r} keeps the activations in float32; got dtype {place.dtype}: "
+                         f"pass dtype='float32' (or None)")
+    if config.pack_weights:
+        raise ValueError(f"pack_weights=True lays out float weights for oneDNN; quantization={q!r} replaces them: "
+                         f"pass pack_weights=None or False")
+    if config.compile:
+        raise ValueError(f"compile=True traces the float model's forward; quantization={q!r} runs its own kernels "
+                         f"eagerly: pass one or the other")
+    from .kernels.cpu import build
+
+    try:
+        build.library()
+    except RuntimeError as e:
+        raise ValueError(f"quantization={q!r} needs the CPU kernels, which could not be built: {e}") from None
 
 
 def _resolve_pack_weights(option: bool | None, place: Any) -> bool:

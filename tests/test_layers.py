@@ -23,7 +23,7 @@ LAYERS = [
     # 2. kernels (Triton; the CPU's C++ with its build and bindings) and where they run
     ["minillm.kernels*", "minillm.placement"],
     # 3. the model and its attention; weights from the GGUF
-    ["minillm.attention", "minillm.model", "minillm.loader", "minillm.compiled"],
+    ["minillm.attention", "minillm.model", "minillm.quantization", "minillm.loader", "minillm.compiled"],
     # 4. who runs when and where its K/V lives
     ["minillm.block_manager", "minillm.scheduler*", "minillm.spec_decode", "minillm.spec_decode.policy"],
     # 5. one step's forward, sampling, drafting and verifying

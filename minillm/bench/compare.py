@@ -176,7 +176,7 @@ def run_minillm(engine: str | EngineConfig, workload: Workload, weights, tokeniz
     result = RunResult(cfg.engine, [r.metrics for r in reqs], [o.token_ids for o in outs], list(eng.step_records), start,
                        max(r.metrics.finish_time for r in reqs), cfg.max_num_seqs, eng.resolved.kv_cache_bytes,
                        [r.num_prompt_tokens for r in reqs])
-    result.extra.update(kv_extra(eng))
+    result.extra.update(run_extra(eng))
     if eng.spec_stats is not None:  # acceptance_rate, mean_accepted_tokens, tokens_per_target_forward, ...
         result.extra.update(eng.spec_stats.as_dict())
     return result
@@ -207,10 +207,13 @@ def paged_options(engine: str, block_size: int = 16, num_blocks: int | None = No
     return opts
 
 
-def kv_extra(eng) -> dict[str, Any]:
-    """What a minillm run records about its KV cache: the attention backend; blocks if paged."""
+def run_extra(eng) -> dict[str, Any]:
+    """What a minillm run records about its KV cache and weights: the attention backend, the
+    quantization where there is one; blocks if paged."""
     rc = eng.resolved
     out: dict[str, Any] = {"attention_backend": rc.placement.attention_backend}
+    if rc.quantization:
+        out["quantization"] = rc.quantization
     if rc.engine == "paged":
         out.update(block_size=rc.block_size, num_blocks=rc.num_blocks)
     return out
@@ -264,14 +267,16 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                   speculative: dict | None = None, enable_prefix_caching: bool = False,
                   scheduling_policy: str = "fcfs", queue_timeouts: dict | None = None,
                   dtype: str | None = None, threads: int | None = None,
-                  vllm_enforce_eager: bool = False, compile: bool = False) -> list[RunResult]:
+                  vllm_enforce_eager: bool = False, compile: bool = False,
+                  quantization: str | None = None) -> list[RunResult]:
     """Run ``engines`` one after the other on ``workload`` in this process (vllm in a subprocess).
 
     ``speculative`` (the ``LLM(speculative=...)`` dict), ``enable_prefix_caching`` and
     ``scheduling_policy`` apply to the paged engine; ``queue_timeouts`` to every minillm
     engine's per-class report. ``dtype`` (None: the device's) is every engine's dtype.
     ``compile``: every minillm engine runs its steps as one compiled graph (``EngineConfig.compile``);
-    its warm-up request compiles it, outside the measurement."""
+    its warm-up request compiles it, outside the measurement. ``quantization``: every minillm
+    engine's weights (``EngineConfig.quantization``; the baselines keep float weights)."""
     from minillm import loader
 
     check_settings(max_num_seqs, max_num_batched_tokens, max_model_len, None)
@@ -298,7 +303,7 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                                   speculative=speculative if name == "paged" else None,
                                   enable_prefix_caching=enable_prefix_caching and name == "paged",
                                   scheduling_policy=scheduling_policy if name == "paged" else "fcfs",
-                                  queue_timeouts=queue_timeouts, compile=compile,
+                                  queue_timeouts=queue_timeouts, compile=compile, quantization=quantization,
                                   **paged_options(name, block_size, num_blocks, attention_backend))
                for name in MINILLM_ENGINES}
     mcfg = ModelConfig()
@@ -419,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="minillm engines run each step as one graph compiled by torch.compile (CPU, torch attention); "
                         "compiling takes about a minute, before the measurement")
+    p.add_argument("--quantization", choices=["int8", "q4"], default=None,
+                   help="minillm engines with weight-only quantized linear layers and LM head (CPU, float32); "
+                        "transformers and vLLM keep float weights")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     g = p.add_argument_group("paged KV cache")
@@ -543,7 +551,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 enable_prefix_caching=args.enable_prefix_caching,
                                 scheduling_policy=args.scheduling_policy, queue_timeouts=timeouts,
                                 dtype=args.dtype, threads=args.threads,
-                                vllm_enforce_eager=args.vllm_enforce_eager, compile=args.compile)
+                                vllm_enforce_eager=args.vllm_enforce_eager, compile=args.compile,
+                                quantization=args.quantization)
     except ValueError as e:
         parser.error(str(e))
     except VllmFailed as e:

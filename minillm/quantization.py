@@ -1,0 +1,230 @@
+"""Weight-only quantization: the linear layers and the LM head read 8-bit or 4-bit weights.
+
+A decode step reads every weight once, and at small batch that read is the step's floor
+(chapter 0): SmolLM2-135M's 135 M weights are 538 MB in float32. Storing them in fewer
+bits lowers the floor in proportion; the activations stay float32, so only the weights'
+rounding can change the numbers.
+
+Formats of one layer (``QuantizedLinear``), all for a weight [N, K]:
+
+- ``"int8_channel"``: int8 codes in [-127, 127], one float32 scale per output row
+  (``scale = max|w[n, :]| / 127``, w ≈ q * scale): 8 bits a weight plus 32 a row.
+- ``"int8_group"``: 8-bit codes in [0, 255] in groups of ``GROUP_SIZE`` = 32 along K, each
+  group with a float32 scale and minimum (w ≈ q * scale + min): 8 + 64/32 = 10 bits a weight.
+  Quantized asymmetrically (min and max of the group) or symmetrically (``symmetric=True``:
+  scale = max|w| / 127, min = -128 * scale, the grid of a signed int8 code).
+- ``"q4_group"``: 4-bit codes in [0, 15], the same groups, scale and minimum: 6 bits a weight.
+  Two codes a byte (element 2j in the low nibble, 2j + 1 in the high one).
+
+What the model gets (``LLM(quantization=...)``):
+
+- ``"int8"``: every projection ``int8_group``; ``"q4"``: every projection ``q4_group``.
+- Either way the LM head is ``int8_group``, symmetric: SmolLM2's head is its embedding
+  table, whose rows a lookup reads in float32 (one row a token, no matmul); the head's own
+  copy is quantized.
+
+Why groups, and why these: the GGUF the weights come from stores every projection as Q4_1
+(groups of 32 weights, a float16 scale and minimum, 4-bit codes) and the embedding as Q8_0
+(groups of 32, a float16 scale, signed 8-bit codes). The float32 weights the loader makes are
+those grids dequantized, and a format whose grid contains them stores them exactly: 4-bit or
+8-bit asymmetric groups of 32 for the projections (a Q4_1 step ``d`` is 17 steps of the 8-bit
+grid over the same range), symmetric 8-bit groups for the head. One scale per row
+(``int8_channel``) does not contain them and rounds every weight again:
+``python -m minillm.bench.quant_measure`` measures what that costs.
+
+``QuantizedLinear`` runs the CPU kernels of ``kernels/cpu/quant_matmul.cpp``; their oracles
+are in ``kernels/cpu/quant.py``. Each output element is summed in an order that does not
+depend on the other rows of the batch, so a request's tokens do not depend on what it is
+batched with (tests/test_quantization.py).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import QUANTIZATIONS as SCHEMES
+from .kernels.cpu.quant import q4_pack, q4_unpack
+
+GROUP_SIZE = 32
+FORMATS = ("int8_channel", "int8_group", "q4_group")
+LAYER_FORMAT = {"int8": "int8_group", "q4": "q4_group"}  # a scheme's projections; its head: symmetric int8_group
+
+
+def check_scheme(scheme: str | None) -> None:
+    """None or one of ``SCHEMES``; else a ValueError that lists them."""
+    if scheme is not None and scheme not in SCHEMES:
+        raise ValueError(f"quantization must be None (float weights) or one of {', '.join(map(repr, SCHEMES))}, "
+                         f"got {scheme!r}")
+
+
+# ---------------------------------------------------------------- one scale per row
+
+def quantize_int8_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (q int8 [N, K], scale float32 [N]) with weight ≈ q * scale[:, None]."""
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))  # an all-zero row: q = 0
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
+def dequantize_int8_channel(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [N, K] that ``(q, scale)`` stands for."""
+    return q.float() * scale[:, None]
+
+
+# ---------------------------------------------------------------- groups along K
+
+def quantize_groups(weight: torch.Tensor, bits: int, group_size: int = GROUP_SIZE, symmetric: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (codes uint8 [N, K] in [0, 2**bits - 1], scales, mins float32 [N, K/G]).
+
+    Group g of row n covers columns g*G .. g*G + G - 1 and stands for
+    ``codes * scale + min``. Asymmetric: min and max of the group are the grid's ends.
+    Symmetric (8 bits only): scale = max|w| / 127 and min = -128 * scale, the grid of a signed
+    code in [-127, 127] (shifted by 128).
+    """
+    N, K = weight.shape
+    if K % group_size:
+        raise ValueError(f"K = {K} is not a multiple of the group size {group_size}")
+    top = 2 ** bits - 1
+    w = weight.detach().float().reshape(N, K // group_size, group_size)
+    if symmetric:
+        if bits != 8:
+            raise ValueError("symmetric groups are 8-bit (a signed code and a scale)")
+        amax = w.abs().amax(dim=-1)
+        scales = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+        mins = -128.0 * scales
+        q = (torch.round(w / scales[..., None]).clamp_(-127, 127) + 128).to(torch.uint8)
+    else:
+        mins, maxs = w.amin(dim=-1), w.amax(dim=-1)
+        scales = (maxs - mins) / top
+        scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # a constant group: every code 0
+        q = torch.round((w - mins[..., None]) / scales[..., None]).clamp_(0, top).to(torch.uint8)
+    return q.reshape(N, K).contiguous(), scales.contiguous(), mins.contiguous()
+
+
+def dequantize_groups(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [N, K] that ``(codes, scales, mins)`` stands for (codes unpacked)."""
+    N, K = codes.shape
+    G = K // scales.shape[1]
+    return (codes.float().view(N, -1, G) * scales[..., None] + mins[..., None]).view(N, K)
+
+
+def bits_per_weight(fmt: str | None, group_size: int = GROUP_SIZE, in_features: int = 576) -> float:
+    """Bits read per weight, scales and minimums included."""
+    return {None: 32.0, "int8_channel": 8.0 + 32.0 / in_features, "int8_group": 8.0 + 64.0 / group_size,
+            "q4_group": 4.0 + 64.0 / group_size}[fmt]
+
+
+# ---------------------------------------------------------------- the layer
+
+class QuantizedLinear(nn.Module):
+    """A bias-free linear layer holding its weight in ``fmt`` (one of ``FORMATS``): y = x @ w.T
+    with w the dequantized weight, computed by a CPU kernel that never writes w out.
+
+    Activations are float32 [..., K]; the result is float32 [..., N]. ``dense()`` gives the
+    dequantized weight back (what the oracle multiplies by).
+    """
+
+    def __init__(self, weight: torch.Tensor, fmt: str, group_size: int = GROUP_SIZE, symmetric: bool = False):
+        super().__init__()
+        if fmt not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        self.fmt = fmt
+        self.out_features, self.in_features = weight.shape
+        self.group_size = None if fmt == "int8_channel" else group_size
+        self.mins: torch.Tensor | None
+        if fmt == "int8_channel":
+            q, scale = quantize_int8_channel(weight)
+            self.register_buffer("qweight", q)
+            self.register_buffer("scales", scale)
+            self.mins = None
+            return
+        codes, scales, mins = quantize_groups(weight, 8 if fmt == "int8_group" else 4, group_size, symmetric)
+        self.register_buffer("qweight", codes if fmt == "int8_group" else q4_pack(codes))
+        self.register_buffer("scales", scales)
+        self.register_buffer("mins", mins)
+
+    def dense(self) -> torch.Tensor:
+        if self.fmt == "int8_channel":
+            return dequantize_int8_channel(self.qweight, self.scales)
+        codes = self.qweight if self.fmt == "int8_group" else q4_unpack(self.qweight)
+        return dequantize_groups(codes, self.scales, self.mins)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a forward reads of this layer's weight: codes, scales and minimums."""
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.mins) if t is not None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .kernels.cpu import quant
+
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            raise ValueError(f"quantized layers take float32 activations on the CPU, got {x.dtype} on {x.device}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        if self.fmt == "int8_channel":
+            y = quant.int8_linear(x2, self.qweight, self.scales)
+        elif self.fmt == "int8_group":
+            y = quant.u8_linear(x2, self.qweight, self.scales, self.mins, self.group_size)
+        else:
+            y = quant.q4_linear(x2, self.qweight, self.scales, self.mins, self.group_size)
+        return y.view(*lead, self.out_features)
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The oracle: the dequantized weight, multiplied in float64 and rounded to float32."""
+        return F.linear(x.double(), self.dense().double()).float()
+
+    def extra_repr(self) -> str:
+        g = f", group_size={self.group_size}" if self.group_size else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}{g}"
+
+
+PROJECTIONS = (("attn", "qkv_proj"), ("attn", "o_proj"), ("mlp", "gate_up_proj"), ("mlp", "down_proj"))
+
+
+def quantize_model(model: nn.Module, scheme: str | None, layer_format: str | None = None) -> nn.Module:
+    """``model`` (a ``model.Llama`` on the CPU in float32, not packed) with every projection of
+    every layer in the scheme's format (or ``layer_format``, to compare formats) and the LM
+    head in symmetric 8-bit groups, in place; returns the model."""
+    check_scheme(scheme)
+    if scheme is None:
+        return model
+    fmt = layer_format or LAYER_FORMAT[scheme]
+    if model.packed_head is not None:
+        raise ValueError("quantize_model takes a model whose weights are not packed for oneDNN (pack_weights=False)")
+    for layer in model.layers:
+        for part, name in PROJECTIONS:
+            parent = getattr(layer, part)
+            m = getattr(parent, name)
+            if not isinstance(m, nn.Linear):
+                raise ValueError(f"quantize_model: {part}.{name} is a {type(m).__name__}, not a float nn.Linear")
+            if m.weight.dtype != torch.float32 or m.weight.device.type != "cpu":
+                raise ValueError(f"quantize_model takes a float32 model on the CPU, got {m.weight.dtype} on "
+                                 f"{m.weight.device}")
+            setattr(parent, name, QuantizedLinear(m.weight, fmt))
+    head = model.embed.weight if model.lm_head is None else model.lm_head.weight
+    model.quantized_head = QuantizedLinear(head, "int8_group", symmetric=True)  # the embedding keeps its rows
+    return model
+
+
+def weight_bytes_per_step(model: nn.Module) -> int:
+    """Bytes of weights one decode step reads: every projection, norm and the LM head (quantized
+    or not); the embedding rows a step looks up are left out (a few rows, not a matmul)."""
+    total = 0
+    for layer in model.layers:
+        for part, name in PROJECTIONS:
+            m = getattr(getattr(layer, part), name)
+            total += m.nbytes if isinstance(m, QuantizedLinear) else m.weight.numel() * m.weight.element_size()
+        for norm in (layer.input_norm, layer.post_attn_norm):
+            total += norm.weight.numel() * norm.weight.element_size()
+    if model.quantized_head is not None:
+        total += model.quantized_head.nbytes
+    else:
+        w = model.embed.weight if model.lm_head is None else model.lm_head.weight
+        total += w.numel() * w.element_size()
+    return total

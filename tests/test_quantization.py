@@ -1,0 +1,259 @@
+"""Weight-only quantization (minillm/quantization.py): formats, the layer against its oracle,
+batch invariance in every engine, quality on the real model, and clear errors."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from minillm.config import EngineConfig, ModelConfig
+from minillm.engine import build_engine
+from minillm.quantization import (GROUP_SIZE, QuantizedLinear, bits_per_weight, dequantize_groups,
+                                  dequantize_int8_channel, quantize_groups, quantize_int8_channel, quantize_model,
+                                  weight_bytes_per_step)
+from minillm.sampling_params import SamplingParams
+
+TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=16, max_position_embeddings=256)
+
+
+def _cpu_kernels():
+    from minillm.kernels.cpu import build
+
+    try:
+        build.library()
+    except RuntimeError as e:
+        pytest.skip(f"no CPU kernels: {e}")
+
+
+# ---------------------------------------------------------------- formats
+
+def test_int8_channel_round_trip_is_within_half_a_step_per_row():
+    w = torch.randn(33, 70, generator=torch.Generator().manual_seed(0)) * torch.linspace(0.1, 3, 33)[:, None]
+    w[5] = 0.0                                                    # an all-zero row: scale 1, codes 0
+    q, scale = quantize_int8_channel(w)
+    assert q.dtype == torch.int8 and scale.shape == (33,) and int(q.abs().max()) == 127
+    back = dequantize_int8_channel(q, scale)
+    assert bool(((back - w).abs() <= scale[:, None] / 2 + 1e-7).all())
+    assert bool((back[5] == 0).all())
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_group_round_trip_is_within_half_a_step(bits):
+    w = torch.randn(7, 64, generator=torch.Generator().manual_seed(1))
+    w[2, :32] = 0.25                                              # a constant group: exact
+    codes, scales, mins = quantize_groups(w, bits)
+    assert codes.dtype == torch.uint8 and codes.shape == (7, 64) and scales.shape == mins.shape == (7, 2)
+    assert int(codes.max()) == 2 ** bits - 1 and int(codes.min()) == 0
+    back = dequantize_groups(codes, scales, mins)
+    assert bool(((back - w).abs() <= scales.repeat_interleave(GROUP_SIZE, dim=1) / 2 + 1e-6).all())
+    assert bool((back[2, :32] == 0.25).all())
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        quantize_groups(torch.randn(4, 40), bits)
+
+
+def _gguf_like(kind, g):
+    """Weights on the grid of a GGUF block format, as the loader's float32 weights are: Q4_1 (per group
+    of 32 a scale d and minimum m, w = m + d * q, q in 0..15, both ends used) or Q8_0 (w = d * c, c in
+    -127..127, the largest |c| = 127), scales and minimums rounded through float16 as the file stores them."""
+    d = (torch.rand(6, 4, 1, generator=g) * 0.05 + 0.01).half().float()
+    if kind == "q4_1":
+        m = (-torch.rand(6, 4, 1, generator=g) * 0.2).half().float()
+        q = torch.randint(0, 16, (6, 4, 32), generator=g).float()
+        q[..., 0], q[..., 1] = 0, 15
+        return (m + d * q).view(6, 128)
+    c = torch.randint(-127, 128, (6, 4, 32), generator=g).float()
+    c[..., 0] = 127
+    return (d * c).view(6, 128)
+
+
+@pytest.mark.parametrize("kind,bits,symmetric", [("q4_1", 4, False), ("q4_1", 8, False), ("q8_0", 8, True)])
+def test_formats_hold_the_files_grids_exactly(kind, bits, symmetric):
+    """The claim behind the schemes: 4- and 8-bit asymmetric groups of 32 hold Q4_1 weights, symmetric
+    8-bit groups hold Q8_0 weights, to float32 rounding of scale * code + min."""
+    w = _gguf_like(kind, torch.Generator().manual_seed(4))
+    back = dequantize_groups(*quantize_groups(w, bits, symmetric=symmetric))
+    torch.testing.assert_close(back, w, rtol=0, atol=2e-7)
+    channel = dequantize_int8_channel(*quantize_int8_channel(w))  # one scale per row: rounds again
+    assert (channel - w).abs().max() > 1e-4
+
+
+def test_bits_per_weight():
+    assert bits_per_weight(None) == 32.0
+    assert bits_per_weight("int8_channel", in_features=576) == pytest.approx(8 + 32 / 576)
+    assert bits_per_weight("int8_group") == 10.0 and bits_per_weight("q4_group") == 6.0
+
+
+@pytest.mark.parametrize("fmt", ["int8_channel", "int8_group", "q4_group"])
+def test_layer_matches_its_oracle(fmt):
+    _cpu_kernels()
+    g = torch.Generator().manual_seed(2)
+    layer = QuantizedLinear(torch.randn(96, 64, generator=g), fmt)
+    x = torch.randn(2, 5, 64, generator=g)
+    y = layer(x)
+    assert y.shape == (2, 5, 96) and y.dtype == torch.float32
+    torch.testing.assert_close(y, layer.forward_reference(x), rtol=1e-5, atol=1e-4)
+    assert not torch.equal(y, torch.nn.functional.linear(x, layer.dense() + 1e-3))  # the oracle can tell
+
+
+def test_layer_refuses_other_activations():
+    _cpu_kernels()
+    layer = QuantizedLinear(torch.randn(8, 32), "int8_group")
+    with pytest.raises(ValueError, match="float32 activations on the CPU"):
+        layer(torch.randn(1, 32, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="format must be one of"):
+        QuantizedLinear(torch.randn(8, 32), "int4")
+
+
+# ---------------------------------------------------------------- the model and the engines
+
+def _engine(scheme, engine="paged", **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return build_engine(EngineConfig(engine=engine, device="cpu", dtype="float32", max_model_len=128,
+                                         quantization=scheme, **kw), model_config=TINY, tokenizer=None)
+
+
+def _prompts(n=6):
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(0, 128, (4 + 9 * i,), generator=g).tolist() for i in range(n)]
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "q4"])
+def test_quantize_model_replaces_every_projection_and_the_head(scheme):
+    _cpu_kernels()
+    eng = _engine(scheme)
+    m = eng.model
+    for layer in m.layers:
+        for mod in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            assert isinstance(mod, QuantizedLinear) and mod.fmt == {"int8": "int8_group", "q4": "q4_group"}[scheme]
+    assert isinstance(m.quantized_head, QuantizedLinear) and m.quantized_head.fmt == "int8_group"
+    assert m.embed.weight.dtype == torch.float32
+    float_eng = _engine(None)
+    ratio = weight_bytes_per_step(m) / weight_bytes_per_step(float_eng.model)
+    assert ratio < (0.33 if scheme == "int8" else 0.25)
+    # the quantized engine computes with other weights: close to the float engine's logits, not equal
+    ids = _prompts(1)[0]
+    from minillm.model_runner import prompt_logits
+
+    a, b = prompt_logits(float_eng.model, ids), prompt_logits(m, ids)
+    d = (a - b).abs().mean().item()
+    assert 0 < d < (0.05 if scheme == "int8" else 0.25) * a.abs().mean().item()
+
+
+@pytest.mark.parametrize("scheme", ["int8", "q4"])
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("engine,options", [
+    ("continuous", {}),
+    ("paged", {}),
+    ("paged", {"enable_chunked_prefill": True, "max_num_batched_tokens": 16}),
+    ("paged", {"num_blocks": 16, "block_size": 8}),               # a pool too small for all six: preemption
+])
+def test_every_request_gets_its_tokens_alone(scheme, backend, engine, options):
+    _cpu_kernels()
+    prompts = _prompts()
+    alone = []
+    for p in prompts:
+        e = _engine(scheme, engine, attention_backend=backend, max_num_seqs=1, **options)
+        alone.append(e.run([e.make_request(p, GREEDY)])[0].token_ids)
+    batched = _engine(scheme, engine, attention_backend=backend, max_num_seqs=4, **options)
+    out = [o.token_ids for o in batched.run([batched.make_request(p, GREEDY) for p in prompts])]
+    assert out == alone
+    if options.get("num_blocks"):
+        assert batched.scheduler.num_preemptions > 0
+    if engine == "paged":
+        batched.scheduler.block_manager.check_invariants()
+        assert batched.scheduler.block_manager.num_free_blocks == batched.scheduler.block_manager.num_blocks
+
+
+def test_speculation_keeps_quantized_greedy_output():
+    _cpu_kernels()
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9]]
+    plain = _engine("int8", max_num_seqs=2)
+    spec = _engine("int8", max_num_seqs=2, speculative={"method": "ngram", "num_speculative_tokens": 3})
+    ref = [o.token_ids for o in plain.run([plain.make_request(p, GREEDY) for p in prompts])]
+    assert [o.token_ids for o in spec.run([spec.make_request(p, GREEDY) for p in prompts])] == ref
+
+
+@pytest.mark.parametrize("options,match", [
+    (dict(quantization="int4"), "quantization must be None"),
+    (dict(quantization="int8", dtype="bfloat16"), "keeps the activations in float32"),
+    (dict(quantization="q4", pack_weights=True), "pack_weights=True"),
+    (dict(quantization="int8", compile=True, attention_backend="torch"), "compile=True"),
+])
+def test_bad_combinations_are_clear_errors(options, match):
+    kw = dict(engine="paged", device="cpu", max_model_len=64) | options
+    with pytest.raises(ValueError, match=match):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            build_engine(EngineConfig(**kw), model_config=TINY, tokenizer=None)
+
+
+def test_quantize_model_refuses_packed_weights():
+    from minillm.model import build_model, can_pack_weights
+
+    if not can_pack_weights(torch.float32):
+        pytest.skip("oneDNN packing unavailable")
+    from minillm import loader
+
+    m = build_model(TINY, loader.dummy_weights(TINY, 0), torch.device("cpu"), torch.float32, pack_weights=True)
+    with pytest.raises(ValueError, match="not packed"):
+        quantize_model(m, "int8")
+
+
+# ---------------------------------------------------------------- the real model
+
+@pytest.mark.slow
+def test_quality_on_the_real_model(real_llm, tokenizer):
+    """Teacher-forced on the float model's own greedy text. The schemes' formats hold the GGUF's
+    grids (test_formats_hold_the_files_grids_exactly), so int8 and q4 give the float model's
+    logits up to float32 summation order: argmax agreement >= 99.5%, |Δlogit| below 1e-3 on average.
+    One scale per row (int8_channel) rounds the weights again: measurably worse."""
+    _cpu_kernels()
+    from minillm import loader
+    from minillm.bench.quant_measure import HELDOUT_TEXT, models_for, perplexity, teacher_forced
+    from tests.prompts import SHORT
+
+    outs = real_llm.generate(SHORT, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
+    seqs = [tokenizer(p).input_ids + list(o.token_ids) for p, o in zip(SHORT, outs)]
+    models = models_for(loader.load_weights(), [None, "int8", "q4", "int8_channel"])
+    got = {k: teacher_forced(models[None], models[k], seqs) for k in ("int8", "q4", "int8_channel")}
+    for k in ("int8", "q4"):
+        assert got[k]["argmax_agreement"] >= 0.995 and got[k]["mean_abs_dlogit"] < 1e-3, (k, got[k])
+    assert got["int8_channel"]["mean_abs_dlogit"] > 20 * got["int8"]["mean_abs_dlogit"], got
+    held = tokenizer(HELDOUT_TEXT).input_ids
+    p32, p8, p4 = (perplexity(models[k], held) for k in (None, "int8", "q4"))
+    assert abs(p8 / p32 - 1) < 1e-3 and abs(p4 / p32 - 1) < 1e-3, (p32, p8, p4)
+
+
+# ---------------------------------------------------------------- from the shell
+
+def test_bench_quantization_flag_runs_every_minillm_engine_quantized(tmp_path):
+    """``bench --quantization int8`` on dummy weights: both engines run quantized, same tokens."""
+    _cpu_kernels()
+    import json
+
+    from minillm.__main__ import main
+
+    out = tmp_path / "b.json"
+    main(["bench", "--engine", "continuous,paged", "--quantization", "int8", "--dummy-weights", "--workload",
+          "uniform", "--num-requests", "2", "--workload-param", "prompt_len=8", "--workload-param", "output_len=3",
+          "--max-num-seqs", "2", "--no-progress", "--threads", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())                            # {engine: summary}
+    assert sorted(rows) == ["continuous", "paged"]
+    assert all(r["same_tokens_as"]["fraction"] == 1.0 for r in rows.values())
+    assert all(r.get("quantization") == "int8" for r in rows.values()), rows
+
+
+@pytest.mark.parametrize("argv", [["generate", "hi", "--quantization", "int4"],
+                                  ["bench", "--quantization", "fp8", "--dummy-weights"]])
+def test_an_unknown_scheme_is_a_usage_error(argv, capsys):
+    from minillm.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "--quantization" in capsys.readouterr().err
