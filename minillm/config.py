@@ -127,6 +127,9 @@ class SpeculativeConfig:
       KV cache: ``draft_layers`` (a list of the target's layer indices, e.g. the first
       few, or every other one: a self-draft sharing the target's weights) or ``model``
       (a GGUF path, or a ``minillm.model.Llama``).
+    * ``quantization`` (method "model"): the draft alone in "int8" or "q4" (as
+      ``EngineConfig.quantization``); a self-draft gets quantized copies of its layers, the
+      target keeps its own.
     * ``adaptive``: each request's k moves in [1, num_speculative_tokens], up when its
       recent acceptance is above 0.8, down below 0.5.
     * ``disable_by_batch_size``: speculate only while fewer requests than this are
@@ -141,6 +144,7 @@ class SpeculativeConfig:
     model: Any = None
     adaptive: bool = False
     disable_by_batch_size: int | None = 4
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
@@ -166,8 +170,11 @@ class SpeculativeConfig:
                     raise ValueError(f"draft_layers must be a non-empty, increasing list of layer indices, "
                                      f"got {layers!r}")
                 self.draft_layers = list(layers)
-        elif self.draft_layers is not None or self.model is not None:
-            raise ValueError("draft_layers and model are options of the 'model' method, not of 'ngram'")
+        elif self.draft_layers is not None or self.model is not None or self.quantization is not None:
+            raise ValueError("draft_layers, model and quantization are options of the 'model' method, not of 'ngram'")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"speculative quantization must be None or one of {', '.join(map(repr, QUANTIZATIONS))}, "
+                             f"got {self.quantization!r}")
         check_bool_fields(self)
         if self.disable_by_batch_size is not None:
             _positive_int("disable_by_batch_size", self.disable_by_batch_size)

@@ -188,28 +188,33 @@ PROJECTIONS = (("attn", "qkv_proj"), ("attn", "o_proj"), ("mlp", "gate_up_proj")
 
 
 def quantize_model(model: nn.Module, scheme: str | None, layer_format: str | None = None) -> nn.Module:
-    """``model`` (a ``model.Llama`` on the CPU in float32, not packed) with every projection of
+    """``model`` (a ``model.Llama`` on the CPU in float32) with every projection of
     every layer in the scheme's format (or ``layer_format``, to compare formats) and the LM
     head in symmetric 8-bit groups, in place; returns the model."""
     check_scheme(scheme)
     if scheme is None:
         return model
     fmt = layer_format or LAYER_FORMAT[scheme]
-    if model.packed_head is not None:
-        raise ValueError("quantize_model takes a model whose weights are not packed for oneDNN (pack_weights=False)")
+    if model.embed.weight.dtype != torch.float32 or model.embed.weight.device.type != "cpu":
+        raise ValueError(f"quantize_model takes a float32 model on the CPU, got {model.embed.weight.dtype} on "
+                         f"{model.embed.weight.device}")
     for layer in model.layers:
         for part, name in PROJECTIONS:
             parent = getattr(layer, part)
-            m = getattr(parent, name)
-            if not isinstance(m, nn.Linear):
-                raise ValueError(f"quantize_model: {part}.{name} is a {type(m).__name__}, not a float nn.Linear")
-            if m.weight.dtype != torch.float32 or m.weight.device.type != "cpu":
-                raise ValueError(f"quantize_model takes a float32 model on the CPU, got {m.weight.dtype} on "
-                                 f"{m.weight.device}")
-            setattr(parent, name, QuantizedLinear(m.weight, fmt))
+            setattr(parent, name, QuantizedLinear(_float_weight(getattr(parent, name)), fmt))
     head = model.embed.weight if model.lm_head is None else model.lm_head.weight
     model.quantized_head = QuantizedLinear(head, "int8_group", symmetric=True)  # the embedding keeps its rows
+    model.packed_head = None  # the quantized head replaces it
     return model
+
+
+def _float_weight(m: nn.Module) -> torch.Tensor:
+    """The float32 weight of a projection: plain, packed for oneDNN, or quantized (dequantized)."""
+    if isinstance(m, nn.Linear):
+        return m.weight.detach()
+    if hasattr(m, "dense"):  # model.PackedLinear, QuantizedLinear
+        return m.dense()
+    raise ValueError(f"quantize_model: a {type(m).__name__} is not a linear layer it can read")
 
 
 def weight_bytes_per_step(model: nn.Module) -> int:

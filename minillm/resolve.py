@@ -53,28 +53,32 @@ def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
 
 
 def _check_quantization(config: EngineConfig, place: Any) -> None:
-    """Quantized weights run in the CPU kernels (kernels/cpu/quant_matmul.cpp), float32 activations."""
+    """Quantized weights (the engine's, or a draft model's alone) run in the CPU kernels
+    (kernels/cpu/quant_matmul.cpp), with float32 activations."""
+    spec = config.speculative
+    for q, what in ((config.quantization, "quantization"),
+                    (spec.quantization if spec is not None else None, "speculative quantization")):
+        if q is None:
+            continue
+        if place.device.type != "cpu":
+            raise ValueError(f"{what}={q!r} runs on the CPU kernels; this engine runs on {place.device} "
+                             f"(no CUDA kernel for quantized weights yet): pass device='cpu' or {what}=None")
+        if place.dtype != torch.float32:
+            raise ValueError(f"{what}={q!r} keeps the activations in float32; got dtype {place.dtype}: "
+                             f"pass dtype='float32' (or None)")
+        from .kernels.cpu import build
+
+        try:
+            build.library()
+        except RuntimeError as e:
+            raise ValueError(f"{what}={q!r} needs the CPU kernels, which could not be built: {e}") from None
     q = config.quantization
-    if q is None:
-        return
-    if place.device.type != "cpu":
-        raise ValueError(f"quantization={q!r} runs on the CPU kernels; this engine runs on {place.device} "
-                         f"(no CUDA kernel for quantized weights yet): pass device='cpu' or quantization=None")
-    if place.dtype != torch.float32:
-        raise ValueError(f"quantization={q!r} keeps the activations in float32; got dtype {place.dtype}: "
-                         f"pass dtype='float32' (or None)")
-    if config.pack_weights:
+    if q is not None and config.pack_weights:
         raise ValueError(f"pack_weights=True lays out float weights for oneDNN; quantization={q!r} replaces them: "
                          f"pass pack_weights=None or False")
-    if config.compile:
+    if q is not None and config.compile:
         raise ValueError(f"compile=True traces the float model's forward; quantization={q!r} runs its own kernels "
                          f"eagerly: pass one or the other")
-    from .kernels.cpu import build
-
-    try:
-        build.library()
-    except RuntimeError as e:
-        raise ValueError(f"quantization={q!r} needs the CPU kernels, which could not be built: {e}") from None
 
 
 def _resolve_pack_weights(option: bool | None, place: Any) -> bool:

@@ -193,16 +193,43 @@ def test_bad_combinations_are_clear_errors(options, match):
             build_engine(EngineConfig(**kw), model_config=TINY, tokenizer=None)
 
 
-def test_quantize_model_refuses_packed_weights():
+def test_a_packed_model_quantizes_to_the_same_codes():
+    from minillm import loader
     from minillm.model import build_model, can_pack_weights
 
     if not can_pack_weights(torch.float32):
         pytest.skip("oneDNN packing unavailable")
-    from minillm import loader
+    w = loader.dummy_weights(TINY, 0)
+    plain, packed = (quantize_model(build_model(TINY, w, torch.device("cpu"), torch.float32, pack_weights=p), "q4")
+                     for p in (False, True))
+    assert packed.packed_head is None
+    for a, b in zip(plain.buffers(), packed.buffers()):
+        assert torch.equal(a, b)
 
-    m = build_model(TINY, loader.dummy_weights(TINY, 0), torch.device("cpu"), torch.float32, pack_weights=True)
-    with pytest.raises(ValueError, match="not packed"):
-        quantize_model(m, "int8")
+
+@pytest.mark.parametrize("scheme", ["int8", "q4"])
+def test_a_quantized_self_draft_keeps_the_targets_layers_and_its_output(scheme):
+    """speculative={"quantization": ...}: the draft's layers are quantized copies, the target's stay
+    float, and greedy output is the target's own."""
+    _cpu_kernels()
+    prompts = _prompts(3)
+    plain = _engine(None, max_num_seqs=3)
+    ref = [o.token_ids for o in plain.run([plain.make_request(p, GREEDY) for p in prompts])]
+    spec = _engine(None, max_num_seqs=3, speculative={"method": "model", "draft_layers": [0],
+                                                      "num_speculative_tokens": 3, "quantization": scheme,
+                                                      "disable_by_batch_size": None})
+    draft = spec.speculator.drafter.model
+    assert isinstance(draft.layers[0].mlp.down_proj, QuantizedLinear) and draft.quantized_head is not None
+    assert not isinstance(spec.model.layers[0].mlp.down_proj, QuantizedLinear) and spec.model.quantized_head is None
+    assert [o.token_ids for o in spec.run([spec.make_request(p, GREEDY) for p in prompts])] == ref
+    assert spec.speculator.stats.num_drafts > 0
+
+
+def test_speculative_quantization_is_an_option_of_the_model_method():
+    with pytest.raises(ValueError, match="options of the 'model' method"):
+        EngineConfig(engine="paged", speculative={"method": "ngram", "quantization": "int8"})
+    with pytest.raises(ValueError, match="speculative quantization must be"):
+        EngineConfig(engine="paged", speculative={"method": "model", "draft_layers": [0], "quantization": "fp8"})
 
 
 # ---------------------------------------------------------------- the real model
@@ -257,3 +284,15 @@ def test_an_unknown_scheme_is_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and "--quantization" in capsys.readouterr().err
+
+
+def test_serve_flags_reach_the_engine_options():
+    from minillm.serving.cli import _serve_parser, engine_kwargs_from_args
+
+    args = _serve_parser().parse_args(["--quantization", "q4", "--speculative-method", "model", "--draft-layers",
+                                       "0,1", "--draft-quantization", "int8"])
+    kw = engine_kwargs_from_args(args)
+    assert kw["quantization"] == "q4" and kw["speculative"]["quantization"] == "int8"
+    EngineConfig.from_kwargs(**kw)
+    with pytest.raises(ValueError, match="need --speculative-method"):
+        engine_kwargs_from_args(_serve_parser().parse_args(["--draft-quantization", "int8"]))

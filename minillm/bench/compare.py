@@ -442,6 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drafter: prompt lookup, or a self-draft made of --draft-layers of the model")
     s.add_argument("--num-speculative-tokens", type=int, default=4, help="k, tokens drafted per step (default 4)")
     s.add_argument("--draft-layers", default="0-7", help="layers of the model drafter (default 0-7)")
+    s.add_argument("--draft-quantization", choices=["int8", "q4"], default=None,
+                   help="the model drafter alone with quantized weights (CPU, float32)")
     s.add_argument("--spec-disable-by-batch-size", type=int, default=4,
                    help="speculate only while fewer requests run (default 4; 0 = always)")
     c = p.add_argument_group("many users (paged engine, chapter 6)")
@@ -486,6 +488,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                disable_by_batch_size=args.spec_disable_by_batch_size or None)
             if args.speculative == "model":
                 speculative["draft_layers"] = parse_layers(args.draft_layers)
+                if args.draft_quantization:
+                    speculative["quantization"] = args.draft_quantization
+        if args.draft_quantization and args.speculative != "model":
+            raise ValueError("--draft-quantization quantizes the model drafter: it needs --speculative model")
         check_speculative(engines, speculative)
         check_paged_only(engines, "--enable-prefix-caching", args.enable_prefix_caching)
         check_paged_only(engines, "--scheduling-policy priority", args.scheduling_policy != "fcfs")

@@ -106,6 +106,8 @@ def _serve_parser() -> argparse.ArgumentParser:
     e.add_argument("--num-speculative-tokens", type=int, default=None, help="drafts per step (default 4)")
     e.add_argument("--draft-layers", default=None,
                    help="method 'model': the target's layers that draft, e.g. 0,1,2,3 (a self-draft)")
+    e.add_argument("--draft-quantization", default=None, choices=["int8", "q4"],
+                   help="method 'model': the draft alone with quantized weights (CPU, float32)")
     e.add_argument("--spec-disable-by-batch-size", type=int, default=None,
                    help="speculate only while fewer requests than this run (default 4; 0 = always)")
     e.add_argument("--seed", type=int, default=None, help="engine seed (seeds requests that give none)")
@@ -136,11 +138,13 @@ def engine_kwargs_from_args(args: Any) -> dict[str, Any]:
             except ValueError:
                 raise ValueError(f"--draft-layers must be comma-separated layer indices, e.g. 0,1,2,3; "
                                  f"got {args.draft_layers!r}") from None
+        if args.draft_quantization is not None:
+            spec["quantization"] = args.draft_quantization
         if args.spec_disable_by_batch_size is not None:
             spec["disable_by_batch_size"] = args.spec_disable_by_batch_size or None
         kw["speculative"] = spec
-    elif args.num_speculative_tokens is not None or args.draft_layers is not None:
-        raise ValueError("--num-speculative-tokens and --draft-layers need --speculative-method")
+    elif args.num_speculative_tokens is not None or args.draft_layers is not None or args.draft_quantization:
+        raise ValueError("--num-speculative-tokens, --draft-layers and --draft-quantization need --speculative-method")
     for item in args.engine_option:
         key, sep, value = item.partition("=")
         if not sep or not key:

@@ -19,6 +19,9 @@ drafts is stale, so its per-request computed length is cut back to the target's.
 """
 from __future__ import annotations
 
+import copy
+import os
+
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -75,6 +78,7 @@ def layer_subset_model(target: nn.Module, layers: Sequence[int]) -> nn.Module:
         draft = Llama(cfg, target.attention_backend)
     draft.embed, draft.norm, draft.lm_head = target.embed, target.norm, target.lm_head
     draft.packed_head = getattr(target, "packed_head", None)
+    draft.quantized_head = getattr(target, "quantized_head", None)
     draft.layers = nn.ModuleList(target.layers[i] for i in layers)
     return draft
 
@@ -199,8 +203,35 @@ def build_drafter(spec: SpeculativeConfig, target: nn.Module, num_blocks: int, b
 
         check_same_vocab(target.cfg, loader.read_config(spec.model))  # before loading any weight
         draft = build_model(loader.read_config(spec.model), loader.load_weights(spec.model), device, dtype,
-                            target.attention_backend, pack_weights=getattr(target, "packed_head", None) is not None)
+                            target.attention_backend,
+                            pack_weights=getattr(target, "packed_head", None) is not None and not spec.quantization)
+    if spec.quantization:
+        from ..quantization import quantize_model
+
+        if draft is spec.model:  # the caller's Llama: a new one over its layers, which it keeps as they are
+            draft = layer_subset_model(draft, list(range(draft.cfg.num_layers)))
+        if spec.draft_layers is not None or spec.model is not None and not isinstance(spec.model, (str, os.PathLike)):
+            _own_projections(draft)
+        quantize_model(draft, spec.quantization)
     return ModelDrafter(draft, target.cfg, num_blocks, block_size, device, dtype)
+
+
+def _own_projections(draft: nn.Module) -> None:
+    """Give ``draft`` (a ``layer_subset_model``) layers of its own that share everything with the
+    layers it was made of, so that quantizing its projections (which replaces modules) leaves
+    those layers, the target's, as they are. No weight is copied."""
+
+    def shallow(m: nn.Module) -> nn.Module:
+        c = copy.copy(m)
+        c._modules, c._parameters, c._buffers = dict(m._modules), dict(m._parameters), dict(m._buffers)
+        return c
+
+    layers = []
+    for layer in draft.layers:
+        own = shallow(layer)
+        own.attn, own.mlp = shallow(layer.attn), shallow(layer.mlp)
+        layers.append(own)
+    draft.layers = nn.ModuleList(layers)
 
 
 __all__ = ["NgramDrafter", "ModelDrafter", "DraftSequence", "layer_subset_model", "check_same_vocab",
