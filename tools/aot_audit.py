@@ -28,6 +28,8 @@ How
    spills; every @triton.jit kernel of minillm.kernels compiled at least once; at
    most MAX_VARIANTS_PER_KERNEL variants per kernel are reachable; and launches at
    other batches and table widths than warmup's reach no variant warmup misses.
+   The same for a quantized model's GEMVs (warmup's ``quantization="int8" | "q4"``):
+   their variants, counted per scheme, and other row counts reaching nothing new.
 
 It is a developer tool, not part of the installed package: the capture patches private
 parts of triton. TRITON_INTERPRET must be unset (under the interpreter @triton.jit returns
@@ -59,13 +61,16 @@ import torch
 
 from aot_capture import Variant, capture, check_compile_mode, find_jit_kernels, restored
 from minillm.kernels._common import A100, H100, GpuSpec
-from minillm.kernels.warmup import (DTYPES, Launch, ModelShape, engine_launches, run_decode, run_prefill,
-                                    run_store_kv)
+from minillm.kernels.warmup import (DTYPES, QUANTIZATIONS, Launch, ModelShape, engine_launches, quant_launches,
+                                    run_decode, run_prefill, run_store_kv)
 
 TARGETS: tuple[GpuSpec, ...] = (A100, H100)  # sm_80, sm_90
 ENGINE_BLOCK_SIZES = (8, 16, 32)  # paged engine; the contiguous engines use one block of max_model_len
 MAX_VARIANTS_PER_KERNEL = 8  # the bound tests/kernels/test_aot.py holds the reachable variants to
-SMOLLM2_135M = ModelShape("SmolLM2-135M", hidden_size=576, num_heads=9, num_kv_heads=3, head_dim=64)
+SMOLLM2_135M = ModelShape("SmolLM2-135M", hidden_size=576, num_heads=9, num_kv_heads=3, head_dim=64,
+                          intermediate_size=1536, vocab_size=49152)
+# Rows of x of quantized GEMVs that warmup's quant_launches (1, 17, max_num_seqs) do not make.
+QUANT_SERVING_ROWS = (2, 5, 16, 33, 64, 100, 255)
 
 
 # ----------------------------------------------------------------------------
@@ -297,6 +302,17 @@ def run_check(targets=TARGETS, dtypes=tuple(DTYPES), block_sizes=ENGINE_BLOCK_SI
                                                 for v in served if v.key not in warm]
                 if gpu == H100:
                     report["reachable"][f"{dname}/any bs"] = _count_per_kernel(union.values())
+                # A quantized model's GEMVs: what warmup(quantization=q) adds, and whether
+                # other row counts (decode batches, prefill chunks) need more.
+                for q in QUANTIZATIONS:
+                    reached = rec.run(quant_launches(m, DTYPES[dname], q, max_num_seqs=max_num_seqs))
+                    if gpu == H100:
+                        report["reachable"][f"{dname}/{q}"] = _count_per_kernel(reached)
+                    warm = {v.key for v in reached}
+                    served = rec.run(quant_launches(m, DTYPES[dname], q, rows=QUANT_SERVING_ROWS))
+                    report["warmup_checked"].append(f"{gpu.arch} {dname} {q}")
+                    report["warmup_misses"] += [f"{gpu.arch} {dname} {q}: {v.kernel} [{v.describe()}]"
+                                                for v in served if v.key not in warm]
             if extra is not None:
                 rec.run(extra())
         report["wrapper_errors"] += [f"{gpu.arch} {label}: {err}" for label, err in rec.errors]

@@ -21,6 +21,13 @@ Afterwards no step of that engine compiles anything.
 
 Off CUDA (the CPU backend, the interpreter, no Triton) ``warmup`` does nothing.
 
+Quantized weights: ``warmup(..., quantization="int8" | "q4")`` also makes the quantized
+GEMV launches (kernels/quant_gemv.py) of every projection and of the LM head; without it
+(the default, a float model) nothing of them is made. minillm's engine runs quantized
+models on the CPU kernels today (``resolve`` refuses them on CUDA), so it never passes it:
+the option is there for when the GPU path is wired in, as the rms_norm kernel is covered
+before the model calls it.
+
 The ahead-of-time audit lives outside the package, in ``tools/aot_audit.py``: on a
 machine without a GPU it records which variants these same launches reach on sm_80 and
 sm_90 (a handful per kernel, whatever the batch or the context) and compiles each to
@@ -40,10 +47,18 @@ from . import _common
 from ._common import HAS_TRITON, GpuSpec
 from .paged_decode_attention import paged_decode_attention
 from .paged_prefill_attention import paged_prefill_attention
+from .quant_gemv import DECODE_MAX_M, q4_gemv, u8_gemv
 from .rmsnorm import fused_add_rms_norm, rms_norm
 from .store_kv import store_kv
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# LLM(quantization=...)'s schemes and the format of their projections, as in
+# minillm.quantization (LAYER_FORMAT; not imported: it sits above the kernels). The LM
+# head is int8_group (symmetric) in both; groups of 32 columns.
+QUANTIZATIONS = ("int8", "q4")
+QUANT_LAYER_FORMAT = {"int8": "int8_group", "q4": "q4_group"}
+QUANT_GROUP_SIZE = 32
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
@@ -67,6 +82,8 @@ class ModelShape:
     num_kv_heads: int
     head_dim: int
     max_model_len: int = 8192
+    intermediate_size: int | None = None  # the MLP's width; only the quantized launches use it
+    vocab_size: int | None = None  # rows of the LM head; likewise
 
     @classmethod
     def of(cls, cfg) -> "ModelShape":
@@ -80,7 +97,13 @@ class ModelShape:
             num_kv_heads=int(cfg.num_kv_heads),
             head_dim=int(cfg.head_dim),
             max_model_len=int(getattr(cfg, "max_position_embeddings", 8192)),
+            intermediate_size=_int_or_none(getattr(cfg, "intermediate_size", None)),
+            vocab_size=_int_or_none(getattr(cfg, "vocab_size", None)),
         )
+
+
+def _int_or_none(v) -> int | None:
+    return None if v is None else int(v)
 
 
 # ----------------------------------------------------------------------------
@@ -158,8 +181,50 @@ def run_prefill(m: ModelShape, block_size: int, dtype, B: int, width: int, q_len
     return paged_prefill_attention(q, kc, vc, tables, qsl, ctx, m.head_dim ** -0.5, max_query_len=q_len)
 
 
+def run_quant_gemv(fmt: str, dtype, M: int, N: int, K: int, device):
+    """u8_gemv (``fmt`` "int8_group") or q4_gemv ("q4_group") of M rows through an [N, K]
+    weight in groups of QUANT_GROUP_SIZE columns."""
+    G = QUANT_GROUP_SIZE
+    x = _filled((M, K), 1, dtype, device)
+    codes = _filled((N, K if fmt == "int8_group" else K // 2), 0, torch.uint8, device)
+    scales = _filled((N, K // G), 1, torch.float32, device)
+    mins = _filled((N, K // G), 0, torch.float32, device)
+    return (u8_gemv if fmt == "int8_group" else q4_gemv)(x, codes, scales, mins, G)
+
+
+def quant_layers(model, quantization: str) -> list[tuple[str, str, int, int]]:
+    """(name, format, N, K) of every quantized matmul of a layer and of the LM head in a
+    scheme of QUANTIZATIONS. Without intermediate_size or vocab_size the MLP is left out
+    and the head stands in at hidden_size rows: the same variants (N is a runtime integer)."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be None or one of {', '.join(map(repr, QUANTIZATIONS))}, "
+                         f"got {quantization!r}")
+    m = ModelShape.of(model)
+    fmt = QUANT_LAYER_FORMAT[quantization]
+    d, q, kv = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    layers = [("qkv_proj", fmt, q + 2 * kv, d), ("o_proj", fmt, d, q)]
+    if m.intermediate_size:
+        layers += [("gate_up_proj", fmt, 2 * m.intermediate_size, d), ("down_proj", fmt, d, m.intermediate_size)]
+    layers.append(("lm_head", "int8_group", m.vocab_size or d, d))
+    return layers
+
+
+def quant_launches(model, dtype: torch.dtype, quantization: str, *, max_num_seqs: int = 256,
+                   rows: tuple[int, ...] | None = None) -> list[Launch]:
+    """The quantized GEMVs an engine makes for this model in ``quantization`` ("int8" or
+    "q4"): every layer of quant_layers() at one row (a decode step: the decode tile), at
+    DECODE_MAX_M + 1 rows and at max_num_seqs rows (the prefill tile). The tile is all that
+    the row count decides, so these reach every variant any step reaches (2 per format).
+    ``rows`` replaces those row counts (tools/aot_audit.py checks others reach nothing new)."""
+    m = ModelShape.of(model)
+    rows = rows or tuple(sorted({1, DECODE_MAX_M + 1, max(1, max_num_seqs)}))
+    return [Launch(f"{name} {fmt} M={M} N={N} K={K}", dtype, partial(run_quant_gemv, fmt, dtype, M, N, K))
+            for name, fmt, N, K in quant_layers(m, quantization) for M in rows]
+
+
 def engine_launches(model, dtype: torch.dtype, block_size: int, gpu: GpuSpec | None = None, *,
-                    max_num_seqs: int = 256, max_model_len: int | None = None) -> list[Launch]:
+                    max_num_seqs: int = 256, max_model_len: int | None = None,
+                    quantization: str | None = None) -> list[Launch]:
     """The kernel launches a minillm engine makes for this model, dtype and block size.
 
     From step to step the engine varies only the batch (B sequences, T tokens) and
@@ -178,6 +243,9 @@ def engine_launches(model, dtype: torch.dtype, block_size: int, gpu: GpuSpec | N
 
     ``gpu`` is not used (the wrappers plan for the device they run on); it is accepted
     so that callers can say which GPU the list is meant for.
+
+    ``quantization`` ("int8" or "q4"; default None, a float model: nothing added) appends
+    quant_launches(): the quantized GEMVs of the projections and the LM head.
     """
     m = ModelShape.of(model)
     max_len = max_model_len or m.max_model_len
@@ -201,6 +269,8 @@ def engine_launches(model, dtype: torch.dtype, block_size: int, gpu: GpuSpec | N
     for B, q_len, width in prefill:
         out.append(Launch(f"prefill B={B} q_len={q_len} width={width} bs={block_size}", dtype,
                           partial(run_prefill, m, block_size, dtype, B, width, q_len)))
+    if quantization is not None:
+        out += quant_launches(m, dtype, quantization, max_num_seqs=max_num_seqs)
     return out
 
 
@@ -210,11 +280,11 @@ def engine_launches(model, dtype: torch.dtype, block_size: int, gpu: GpuSpec | N
 
 
 def warmup(model_config, dtype, block_size: int, device, *, max_num_seqs: int = 256,
-           max_model_len: int | None = None, progress: bool = True) -> int:
+           max_model_len: int | None = None, progress: bool = True, quantization: str | None = None) -> int:
     """Compile every kernel variant an engine can reach, so none compiles while serving.
 
     warmup(model_config, dtype, block_size, device, *, max_num_seqs=256,
-           max_model_len=None, progress=True) -> int
+           max_model_len=None, progress=True, quantization=None) -> int
 
     model_config   minillm.config.ModelConfig (or anything with hidden_size, num_heads,
                    num_kv_heads, head_dim and optionally max_position_embeddings)
@@ -225,6 +295,8 @@ def warmup(model_config, dtype, block_size: int, device, *, max_num_seqs: int = 
     max_num_seqs   the largest batch the engine runs (decode split counts depend on it)
     max_model_len  longest context; None = model_config.max_position_embeddings
     progress       show a tqdm progress bar
+    quantization   None (float weights, the default) or "int8" / "q4": also the quantized
+                   GEMVs of every projection and the LM head (kernels/quant_gemv.py)
 
     On CUDA it makes every call of engine_launches() once on tiny inputs (the JIT
     compiles each distinct variant on the first call that reaches it, or loads it from
@@ -232,6 +304,9 @@ def warmup(model_config, dtype, block_size: int, device, *, max_num_seqs: int = 
     wrapper calls made. Anywhere else (CPU, the interpreter, no Triton) it does nothing
     and returns 0.
     """
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"warmup: quantization must be None or one of {', '.join(map(repr, QUANTIZATIONS))}, "
+                         f"got {quantization!r}")
     device = torch.device(device)
     if (device.type != "cuda" or not HAS_TRITON or not torch.cuda.is_available()
             or os.environ.get("TRITON_INTERPRET", "0") == "1"):
@@ -240,7 +315,7 @@ def warmup(model_config, dtype, block_size: int, device, *, max_num_seqs: int = 
         dtype = DTYPES[dtype_name(dtype)]
     gpu = _common.planning_gpu(device)
     launches = engine_launches(model_config, dtype, block_size, gpu, max_num_seqs=max_num_seqs,
-                               max_model_len=max_model_len)
+                               max_model_len=max_model_len, quantization=quantization)
     from tqdm.auto import tqdm
 
     with torch.cuda.device(device):

@@ -60,6 +60,18 @@ PREFILL_GPU_CASES = [(16, 2, 64, 16), (8, 8, 128, 32), (12, 4, 64, 2048)]
 PREFILL_GPU_CASE_IDS = ["gqa8-d64-bs16", "mha-d128-bs32", "gqa3-huge-block"]
 PREFILL_EQUALS_DECODE_GPU = (16, 2, 64, 16, [1, 16, 700, 4000])
 
+# --- quant_gemv: (M, N, K, group_size): y[M, N] = x[M, K] @ w[N, K].T, w in 8-bit or 4-bit groups
+# One decode row, a small batch, more rows than a tile; N never a multiple of the tile;
+# K of several groups; group sizes 16, 32 and 128. Each case runs u8_gemv and q4_gemv.
+QUANT_INTERP = [(1, 96, 64, 32), (5, 200, 160, 32), (70, 33, 96, 16), (2, 40, 256, 128)]
+QUANT_GPU_TILING = [(3, 130, 96), (70, 130, 64)]  # group 32, the GPU tiles in the interpreter: fp16 and fp32
+QUANT_BF16 = (3, 40, 64, 32)  # bf16 in the interpreter too (the wrapper runs it in fp32 there)
+QUANT_GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# SmolLM2-135M's qkv, gate_up and down projections and its head at decode; batches; prefills.
+QUANT_GPU = [(1, 960, 576, 32), (1, 3072, 576, 32), (1, 576, 1536, 32), (1, 49152, 576, 32), (7, 3072, 576, 32),
+             (16, 576, 1536, 32), (17, 1000, 576, 32), (64, 49152, 576, 32), (300, 960, 576, 32),
+             (4096, 3072, 576, 32), (1, 4100, 4096, 128)]
+
 
 # ----------------------------------------------------------------------------
 # For the AOT tier: the same launches as minillm.kernels.warmup.Launch objects
@@ -166,4 +178,24 @@ def launches():
         Hq, Hkv, D, bs, lens = PREFILL_EQUALS_DECODE_GPU
         add("prefill == decode", dtype, prefill_call((Hq, Hkv, D, bs), [(1, n) for n in lens], dtype))
         add("decode == prefill", dtype, decode_call(PREFILL_EQUALS_DECODE_GPU, dtype, None))
+
+    qg = importlib.import_module("minillm.kernels.quant_gemv")
+
+    def quant_calls(M, N, K, G, dtype):
+        def run(device):
+            x = torch.empty(M, K, dtype=dtype, device=device)
+            scales, mins = (torch.empty(N, K // G, dtype=torch.float32, device=device) for _ in range(2))
+            qg.u8_gemv(x, torch.empty(N, K, dtype=torch.uint8, device=device), scales, mins, G)
+            qg.q4_gemv(x, torch.empty(N, K // 2, dtype=torch.uint8, device=device), scales, mins, G)
+        return run
+
+    for dtype in INTERP_DTYPES:
+        for M, N, K, G in QUANT_INTERP:
+            add(f"quant_gemv M={M} N={N} K={K} G={G}", dtype, quant_calls(M, N, K, G, dtype))
+        for M, N, K in QUANT_GPU_TILING:
+            add(f"quant_gemv gpu tiling M={M} N={N} K={K}", dtype, quant_calls(M, N, K, 32, dtype))
+    add("quant_gemv bf16", torch.bfloat16, quant_calls(*QUANT_BF16, torch.bfloat16))
+    for dtype in QUANT_GPU_DTYPES:
+        for M, N, K, G in QUANT_GPU:
+            add(f"quant_gemv M={M} N={N} K={K} G={G}", dtype, quant_calls(M, N, K, G, dtype))
     return out

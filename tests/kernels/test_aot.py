@@ -6,7 +6,8 @@ Checked per kernel, dtype and target: it compiles; its shared memory fits the
 target's per-block limit; ptxas reports no register spills. Also: every
 @triton.jit kernel of minillm.kernels is reached by some launch, a serving process
 can only ever compile a few variants of each, and minillm.kernels.warmup's launches
-reach every variant that serving at other batches and table widths needs.
+reach every variant that serving at other batches and table widths needs -- for a
+quantized model (warmup's quantization="int8" | "q4") its GEMVs' too.
 
 The audit is a developer tool outside the package, tools/aot_audit.py (conftest.py puts
 tools/ on sys.path for the imports below). ``python tools/aot_audit.py`` does the capture
@@ -36,8 +37,11 @@ pytestmark = [pytest.mark.aot, pytest.mark.skipif(not HAS_TRITON, reason="triton
 ROOT = Path(__file__).resolve().parents[2]
 AUDIT = ROOT / "tools" / "aot_audit.py"
 CASES = Path(__file__).resolve().with_name("kernel_cases.py")
-KERNELS = ["_rms_norm_kernel", "_store_kv_kernel", "_paged_decode_kernel", "_reduce_splits_kernel",
-           "_paged_prefill_kernel"]
+FLOAT_KERNELS = ["_rms_norm_kernel", "_store_kv_kernel", "_paged_decode_kernel", "_reduce_splits_kernel",
+                 "_paged_prefill_kernel"]  # what a float model's engine launches
+QUANT_KERNELS = ["_quant_gemv_kernel"]  # and a quantized model's projections and head, besides
+KERNELS = FLOAT_KERNELS + QUANT_KERNELS
+QUANTIZATIONS = ["int8", "q4"]
 DTYPES = ["bf16", "fp16", "fp32"]
 TARGETS = ["sm_80", "sm_90"]
 SMOLLM2 = SimpleNamespace(hidden_size=576, num_heads=9, num_kv_heads=3, head_dim=64, max_position_embeddings=8192)
@@ -79,7 +83,7 @@ def test_every_jit_kernel_is_compiled(report):
     assert set(report["kernels"]) >= {f"{m}.{k}" for m, k in [
         ("rmsnorm", "_rms_norm_kernel"), ("store_kv", "_store_kv_kernel"),
         ("paged_decode_attention", "_paged_decode_kernel"), ("paged_decode_attention", "_reduce_splits_kernel"),
-        ("paged_prefill_attention", "_paged_prefill_kernel")]}
+        ("paged_prefill_attention", "_paged_prefill_kernel"), ("quant_gemv", "_quant_gemv_kernel")]}
     never = sorted(set(report["kernels"]) - set(report["compiled"]))
     assert not never, f"@triton.jit kernels no launch configuration reaches (add a case): {never}"
 
@@ -96,17 +100,31 @@ def test_reachable_variants_are_few(report, dtype):
 
     for bs in ["8", "16", "32", "8192", None]:
         counts = report["reachable"][f"{dtype}/{'any bs' if bs is None else f'bs={bs}'}"]
-        assert set(counts) == set(KERNELS), counts
+        assert set(counts) == set(FLOAT_KERNELS), counts  # a float model: no quantized GEMV
         assert max(counts.values()) <= MAX_VARIANTS_PER_KERNEL, counts
         # What the attention kernels' docstrings promise: one binary each per model and dtype.
         assert counts["_paged_decode_kernel"] == counts["_reduce_splits_kernel"] == 1, counts
         assert counts["_paged_prefill_kernel"] == counts["_store_kv_kernel"] == 1, counts
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantized_gemv_variants_are_few(report, dtype):
+    """What kernels/quant_gemv.py's docstring promises: per format, one binary for the
+    decode tile and one for the prefill tile, whatever the rows. int8: every projection and
+    the head in int8_group; q4: the projections in q4_group, the head in int8_group."""
+    from aot_audit import MAX_VARIANTS_PER_KERNEL
+
+    for q, expected in zip(QUANTIZATIONS, (2, 4)):
+        counts = report["reachable"][f"{dtype}/{q}"]
+        assert set(counts) == set(QUANT_KERNELS), counts
+        assert counts["_quant_gemv_kernel"] == expected <= MAX_VARIANTS_PER_KERNEL, counts
+
+
 def test_warmup_covers_other_batches_and_widths(report):
     """warmup() makes engine_launches(), which sweep batch and table width one at a time:
     launches crossing batch, width and prompt length must reach no variant it missed."""
-    assert len(report["warmup_checked"]) == len(TARGETS) * len(DTYPES) * 4, report["warmup_checked"]
+    checked_per_dtype = 4 + len(QUANTIZATIONS)  # block sizes 8, 16, 32 and one of 8192; int8, q4
+    assert len(report["warmup_checked"]) == len(TARGETS) * len(DTYPES) * checked_per_dtype, report["warmup_checked"]
     assert not report["warmup_misses"], "\n".join(report["warmup_misses"][:10])
 
 
