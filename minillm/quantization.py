@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import seams
 from .config import QUANTIZATIONS as SCHEMES
 from .kernels.cpu.quant import q4_pack, q4_unpack
 
@@ -105,6 +106,23 @@ def quantize_groups(weight: torch.Tensor, bits: int, group_size: int = GROUP_SIZ
     return q.reshape(N, K).contiguous(), scales.contiguous(), mins.contiguous()
 
 
+def _checked_groups(out, shape: torch.Size, bits: int, group_size: int):
+    """A learner's ``quantize_groups`` result, checked before a layer keeps it: a ValueError
+    that says what came back, never a crash inside a kernel."""
+    N, K = shape
+    want = {"codes": ((N, K), torch.uint8), "scales": ((N, K // group_size), torch.float32),
+            "mins": ((N, K // group_size), torch.float32)}
+    if not (isinstance(out, tuple) and len(out) == 3):
+        raise ValueError(f"quantize_groups must return (codes, scales, mins), got {type(out).__name__}")
+    for (name, (shp, dtype)), t in zip(want.items(), out):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shp or t.dtype != dtype:
+            got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"quantize_groups: {name} must be {dtype} {list(shp)}, got {got}")
+    if int(out[0].max()) > 2 ** bits - 1:
+        raise ValueError(f"quantize_groups: {bits}-bit codes must be <= {2 ** bits - 1}, got {int(out[0].max())}")
+    return tuple(t.contiguous() for t in out)
+
+
 def dequantize_groups(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
     """The float32 weight [N, K] that ``(codes, scales, mins)`` stands for (codes unpacked)."""
     N, K = codes.shape
@@ -142,7 +160,13 @@ class QuantizedLinear(nn.Module):
             self.register_buffer("scales", scale)
             self.mins = None
             return
-        codes, scales, mins = quantize_groups(weight, 8 if fmt == "int8_group" else 4, group_size, symmetric)
+        bits = 8 if fmt == "int8_group" else 4
+        mine = None if symmetric else seams.plugged("quantize_groups")  # a learner's (chapter 11), when plugged in
+        if mine is not None:
+            codes, scales, mins = _checked_groups(mine(weight.detach().float(), bits, group_size), weight.shape,
+                                                  bits, group_size)
+        else:
+            codes, scales, mins = quantize_groups(weight, bits, group_size, symmetric)
         self.register_buffer("qweight", codes if fmt == "int8_group" else q4_pack(codes))
         self.register_buffer("scales", scales)
         self.register_buffer("mins", mins)
@@ -167,6 +191,8 @@ class QuantizedLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
+        if self.fmt != "int8_channel" and (y := self._learners_forward(x2)) is not None:
+            return y.view(*lead, self.out_features)
         if self.fmt == "int8_channel":
             y = quant.int8_linear(x2, self.qweight, self.scales)
         elif self.fmt == "int8_group":
@@ -174,6 +200,18 @@ class QuantizedLinear(nn.Module):
         else:
             y = quant.q4_linear(x2, self.qweight, self.scales, self.mins, self.group_size)
         return y.view(*lead, self.out_features)
+
+    def _learners_forward(self, x2: torch.Tensor) -> torch.Tensor | None:
+        """y [M, N] from a learner's plugged ``int8_gemv_triton`` (8-bit groups) or
+        ``dequantize_groups`` (chapter 11); None when neither is plugged."""
+        gemv = seams.plugged("int8_gemv_triton") if self.fmt == "int8_group" else None
+        if gemv is not None:
+            return gemv(x2, self.qweight, self.scales, self.mins, self.group_size)
+        dequant = seams.plugged("dequantize_groups")
+        if dequant is not None:
+            codes = self.qweight if self.fmt == "int8_group" else q4_unpack(self.qweight)
+            return F.linear(x2, dequant(codes, self.scales, self.mins))
+        return None
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """The oracle: the dequantized weight, multiplied in float64 and rounded to float32."""

@@ -51,6 +51,11 @@ SEAMS: dict[str, Seam] = {s.name: s for s in [
     Seam("poisson_arrivals", "ch07_serving_online", "bench.loadgen.poisson_arrivals: open-loop arrival times"),
     Seam("goodput", "ch07_serving_online", "bench.loadgen.goodput: requests per second within the SLO"),
     Seam("next_token_budget", "ch07_serving_online", "bench.sweep.slo_token_budget: the token-budget controller"),
+    Seam("quantize_groups", "ch11_quantized_weights", "quantization.QuantizedLinear: quantizing each projection"),
+    Seam("dequantize_groups", "ch11_quantized_weights",
+         "quantization.QuantizedLinear.forward: the fused CPU kernel (yours dequantizes, F.linear multiplies)"),
+    Seam("int8_gemv_triton", "ch11_quantized_weights",
+         "quantization.QuantizedLinear.forward: the 8-bit group layers' CPU kernel"),
 ]}
 
 _plugged: dict[str, Callable] = {}

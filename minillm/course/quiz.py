@@ -196,6 +196,28 @@ QUIZZES: dict[str, list[Question]] = {
             "the running decodes wait less between their tokens",
             "it keeps the budget: a p95 over the target is normal under load")),
     ],
+    "ch11": [
+        _q("q1", """A 4-bit format stores weights in groups of 32, each group with a float32 scale and a float32
+            minimum. How many bits does a decode step read per weight? (1 decimal)""", "f61147418016df10da45",
+           decimals=1),
+        _q("q2", """A model of 1,000,000,000 weights is stored in 4-bit groups of 32 with a float16 scale and a
+            float16 minimum per group (the layout of GGUF's Q4_1). The memory reads 25 GB/s. What is the floor of
+            a batch-1 decode step, in milliseconds? (1 decimal)""", "43bf36495d2a17110dd6", decimals=1),
+        _q("q3", """4-bit weights make a batch-1 decode step about three times faster than float32 weights on a
+            CPU, but at batch 32 most of the gain is gone. Why?""", "efa128b4bedf77378fe6",
+           ("at batch 32 the kernels fall back to the float32 weights",
+            "a step at batch 32 is no longer bound by reading the weights: its multiply-adds grow with the batch "
+            "while the bytes of weights it reads do not",
+            "the KV cache is quantized too, and at batch 32 it is most of the bytes",
+            "quantization changes the tokens at large batch, so more steps are needed")),
+        _q("q4", """The projections are 4-bit, but the LM head keeps 8-bit symmetric groups. Why?""",
+           "21e53f18a62da513b888",
+           ("the head is too small for 4 bits to save anything",
+            "a 4-bit kernel cannot multiply 49,152 rows",
+            "the head's logits pick the token directly: 4 bits there change the argmax at many more positions, "
+            "and 8-bit symmetric groups of 32 hold the GGUF's own 8-bit embedding exactly",
+            "the head is read only at prefill, so its bytes do not count")),
+    ],
 }
 
 
