@@ -149,6 +149,21 @@ def _as_jit_function(fn):
     raise TypeError(f"not a Triton kernel: {fn!r}")
 
 
+def _interpreter_patches_left() -> list[str]:
+    """Names in triton.language.core that Triton's interpreter replaced and did not put back.
+
+    Under TRITON_INTERPRET=1 a call of a @triton.jit helper from inside a kernel patches
+    triton.language.core with the interpreter's builtins and never restores them (Triton's
+    InterpretedFunction.__call__; a kernel's own launch restores what it patched). After that
+    nothing in this process compiles for a GPU: the code generator calls the interpreter's
+    builtins and fails on the first one with an error about the kernel that is not its fault.
+    """
+    import triton.language as tl
+
+    return sorted(name for name, member in vars(tl.core).items()
+                  if getattr(member, "__qualname__", "").startswith("_patch_"))
+
+
 def _short_error(e: Exception) -> str:
     """One line: where, the offending source line and the message after Triton's caret."""
     lines = [x.rstrip() for x in str(e).splitlines()]
@@ -176,6 +191,12 @@ def compile_kernel(fn, signature: dict, constexprs: dict | None = None, attrs: d
 
     jit_fn = _as_jit_function(fn)
     res = CompileResult(jit_fn.__name__, dtype, gpu.arch, config, ok=False, smem_limit=gpu.smem_per_block)
+    patched = _interpreter_patches_left()
+    if patched:
+        res.error = (f"not compiled: Triton's interpreter left triton.language patched in this process "
+                     f"({', '.join(patched[:3])}, ... {len(patched)} names; a @triton.jit helper ran under "
+                     f"TRITON_INTERPRET=1); compile in a fresh process, as python tools/aot_audit.py does")
+        return res
     t0 = time.perf_counter()
     log = io.StringIO()
     try:
