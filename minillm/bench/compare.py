@@ -14,8 +14,8 @@ weights are loaded once. Engines:
     hf-generate    transformers ``generate`` on left-padded groups of B
     hf-continuous  transformers' continuous batching (``generate_batch``'s engine)
     vllm           vLLM (optional, its own virtualenv: ``make peer-vllm``), in a subprocess
-    llamacpp       llama.cpp at batch 1 on the model's own GGUF (optional, its own virtualenv:
-                   ``make peer-llamacpp``), in a subprocess
+    llamacpp       llama.cpp on the model's own GGUF, batch 1 or $MINILLM_LLAMACPP_PARALLEL
+                   parallel slots (optional, its own virtualenv: ``make peer-llamacpp``), in a subprocess
 
 ``--engine all`` runs all of them but the peers (vllm, llamacpp); a comma list runs those, in that order.
 
@@ -388,9 +388,10 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                          enable_chunked_prefill=enable_chunked_prefill)
         if name == "vllm":  # what vLLM ran with (its V1 scheduler chunks long prompts by default)
             res.extra["enable_chunked_prefill"] = res.extra.pop("vllm_enable_chunked_prefill")
-        if name == "llamacpp":  # what llama.cpp ran with: one request at a time, a prompt in one batch
-            res.extra.update(max_num_seqs=1, max_num_batched_tokens=res.extra["llamacpp_n_batch"],
-                             enable_chunked_prefill=False)
+        if name == "llamacpp":  # what llama.cpp ran with: its slots (1: one request at a time), its batch
+            slots = res.extra["llamacpp_parallel"]
+            res.extra.update(max_num_seqs=slots, max_num_batched_tokens=res.extra["llamacpp_n_batch"],
+                             enable_chunked_prefill=slots > 1)  # slots split a prompt across steps
         if name in configs:
             cfg = configs[name]
             res.extra.update(enable_prefix_caching=cfg.enable_prefix_caching,

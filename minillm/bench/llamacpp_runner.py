@@ -5,6 +5,10 @@ Python, a subprocess).
 llama-cpp-python builds llama.cpp from source when installed, so it lives in its own
 virtualenv: ``make peer-llamacpp`` builds ``.venv-llamacpp``. ``python -m minillm bench
 --engine continuous,llamacpp`` calls ``run_llamacpp`` through ``compare.run_benchmark``.
+
+Batch 1 by default; ``parallel`` slots (or $MINILLM_LLAMACPP_PARALLEL) serve the requests as
+llama.cpp's server does with ``-np``: continuous batching of that many sequences in one
+context, one ``llama_decode`` per step.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from pathlib import Path
 from minillm.bench.summary import RunResult
 from minillm.bench.vllm_runner import repo_root
 from minillm.bench.workload import Workload
+from minillm.metrics import StepRecord
 from minillm.request import RequestMetrics
 
 
@@ -98,31 +103,72 @@ def check_context(workload: Workload, n_ctx: int) -> None:
                          f"{', '.join(too_long)} need more (prompt + max_tokens); raise --max-model-len")
 
 
+def llamacpp_parallel(parallel: int | None = None) -> int:
+    """llama.cpp's parallel slots: ``parallel``, else $MINILLM_LLAMACPP_PARALLEL, else 1 (batch 1)."""
+    if parallel is None:
+        given = os.environ.get("MINILLM_LLAMACPP_PARALLEL", "").strip()
+        try:
+            parallel = int(given) if given else 1
+        except ValueError:
+            raise ValueError(f"MINILLM_LLAMACPP_PARALLEL={given}: want a number of slots >= 1") from None
+    if parallel < 1:
+        raise ValueError(f"llama.cpp's parallel slots must be >= 1, got {parallel}")
+    return parallel
+
+
+def step_records(steps: list[dict], reqs: list, num_slots: int) -> list[StepRecord]:
+    """The peer's steps (one ``llama_decode`` each) as minillm's ``StepRecord``: the varlen slot
+    accounting of summary.py (a row feeding n tokens occupies n token-slots, an empty slot 1).
+    KV use per step is not recorded (0 here, None in the result)."""
+    out = []
+    for k, s in enumerate(steps):
+        rows, toks = s["requests"], [int(n) for n in s["tokens"]]
+        out.append(StepRecord(step=k, start=float(s["start"]), end=float(s["end"]),
+                              request_ids=[str(reqs[i].request_id) for i in rows], num_new_tokens=toks,
+                              num_sampled=int(s["sampled"]), num_running=int(s["running"]),
+                              num_waiting=int(s["waiting"]), num_slots=num_slots,
+                              token_slots=sum(toks) + num_slots - len(rows), idle_slots=num_slots - len(rows)))
+    return out
+
+
 def run_llamacpp(workload: Workload, *, gguf_path: str | os.PathLike, threads: int, n_ctx: int,
-                 python: str | None = None, progress: bool = False) -> RunResult:
+                 python: str | None = None, progress: bool = False, parallel: int | None = None,
+                 kv_unified: bool = True) -> RunResult:
     """``workload`` through llama.cpp, in the Python ``find_llamacpp_python`` finds, via ``llamacpp_peer.py``.
 
-    Batch 1: llama.cpp serves the requests one after the other in order of arrival, each
-    from an empty KV cache of ``n_ctx`` tokens; a request that arrives while another runs
-    waits, and that wait counts in its TTFT (as a queue does in a batching engine). Every
-    request is greedy, exactly ``max_tokens`` tokens with EOS ignored, its prompt fed as
+    ``parallel`` (None: $MINILLM_LLAMACPP_PARALLEL, else 1) is the number of llama.cpp's
+    parallel slots. At 1, batch 1: llama.cpp serves the requests one after the other in order
+    of arrival, each from an empty KV cache of ``n_ctx`` tokens; a request that arrives while
+    another runs waits, and that wait counts in its TTFT (as a queue does in a batching engine).
+    Above 1, as llama.cpp's server with ``-np parallel``: one context of ``parallel`` sequences
+    and a KV cache of ``parallel x n_ctx`` cells (unified across the sequences, as the job asks
+    with ``kv_unified``), one ``llama_decode`` per step of a batch holding a token of every
+    decoding sequence and the prompt tokens of admitted ones (``n_ctx`` tokens at most); a
+    finished sequence's slot takes the next arrived request (first come, first served).
+
+    Every request is greedy, exactly ``max_tokens`` tokens with EOS ignored, its prompt fed as
     token ids. ``threads``: llama.cpp's threads, for the prompt and for decoding.
 
     Per request: its tokens and the time of each (TTFT, TPOT, ITL, E2E as for every engine).
-    What this run does not measure (slot utilization, KV use per step, decode stalls, the
-    steps' sizes) is None in the result, not estimated."""
+    With parallel slots, per step too (forward passes, slot utilization, steps' sizes,
+    concurrency, decode stalls). What a run does not measure (KV use per step; at batch 1,
+    the per-step numbers) is None in the result, not estimated."""
     check_context(workload, n_ctx)
+    parallel = llamacpp_parallel(parallel)
     python = python or find_llamacpp_python()
     reqs = list(workload)
     job = dict(model=str(gguf_path), n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
                heartbeat_s=30.0 if progress else None,
                requests=[dict(prompt_token_ids=list(r.prompt_token_ids), max_tokens=r.max_tokens,
                               arrival_time=r.arrival_time) for r in reqs])
+    if parallel > 1:
+        job.update(parallel=parallel, kv_unified=kv_unified)
     with tempfile.TemporaryDirectory(prefix="minillm-llamacpp-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job))
         if progress:
-            print(f"llamacpp: {python} {LLAMACPP_PEER.name} ({len(reqs)} requests)", file=sys.stderr, flush=True)
+            print(f"llamacpp: {python} {LLAMACPP_PEER.name} ({len(reqs)} requests, {parallel} slot"
+                  f"{'s' if parallel > 1 else ''})", file=sys.stderr, flush=True)
         proc = subprocess.Popen([python, str(LLAMACPP_PEER), str(job_path), str(out_path)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp)
         tail: list[str] = []
@@ -139,25 +185,32 @@ def run_llamacpp(workload: Workload, *, gguf_path: str | os.PathLike, threads: i
     metrics, outputs = [], []
     for r in got["requests"]:
         t = [float(x) for x in r["token_times"]]
-        metrics.append(RequestMetrics(arrival_time=r["arrival_time"], first_token_time=t[0] if t else None,
-                                      token_times=t, finish_time=r["finish_time"]))
+        metrics.append(RequestMetrics(arrival_time=r["arrival_time"], first_scheduled_time=r.get("scheduled_time"),
+                                      first_token_time=t[0] if t else None, token_times=t,
+                                      finish_time=r["finish_time"]))
         outputs.append([int(x) for x in r["token_ids"]])
     if len(outputs) != len(reqs):
         raise LlamaCppFailed(f"llama.cpp returned {len(outputs)} results for {len(reqs)} requests")
     from minillm import loader
 
-    ctx = int(got.get("n_ctx") or n_ctx)
+    ctx = int(got.get("n_ctx") or n_ctx * parallel)  # the whole KV cache: every slot's cells
     kv_bytes = ctx * loader.read_config(gguf_path).kv_bytes_per_token(KV_CACHE_DTYPE_BYTES)
-    unknown = dict.fromkeys(("slot_utilization", "mean_running", "kv_reserved_bytes_peak", "kv_used_bytes_peak",
-                             "kv_waste_fraction", "max_step_tokens", "decode_stall_steps"))
     prompt_tokens = sum(len(r.prompt_token_ids) for r in reqs)
-    extra = {**unknown, "forward_passes": got.get("forward_passes"), "max_concurrency": 1 if reqs else 0,
-             "preemptions": 0,
-             # every prompt is prefilled whole: the KV cache is cleared between requests
+    extra = {"forward_passes": got.get("forward_passes"), "preemptions": 0,
+             # every prompt is prefilled whole: a request's KV cells are dropped when it ends
              "prefill_tokens_requested": prompt_tokens, "prefix_hit_tokens": 0,
              "prefill_tokens_computed": prompt_tokens, "prefix_hit_rate": 0.0, "cached_blocks_peak": None,
-             "kv_reserved_bytes": kv_bytes, "llama_cpp_version": got.get("llama_cpp_version"),
+             "kv_reserved_bytes": kv_bytes, "kv_reserved_bytes_peak": None, "kv_used_bytes_peak": None,
+             "kv_waste_fraction": None, "llama_cpp_version": got.get("llama_cpp_version"),
              "llamacpp_python": python, "llamacpp_gguf": str(gguf_path), "llamacpp_n_ctx": ctx,
-             "llamacpp_n_batch": got.get("n_batch"), "llamacpp_threads": got.get("n_threads", threads)}
-    return RunResult("llamacpp", metrics, outputs, [], got["start"], got["end"], 1, kv_bytes,
+             "llamacpp_n_batch": got.get("n_batch"), "llamacpp_threads": got.get("n_threads", threads),
+             "llamacpp_parallel": parallel}
+    steps: list[StepRecord] = []
+    if parallel > 1:  # the per-step numbers come from the peer's steps (summarize)
+        steps = step_records(got["steps"], reqs, parallel)
+        extra.update(llamacpp_kv_unified=got.get("kv_unified"), llamacpp_n_ctx_per_slot=got.get("n_ctx_per_slot"))
+    else:  # batch 1: no per-step record
+        extra.update(dict.fromkeys(("slot_utilization", "mean_running", "max_step_tokens", "decode_stall_steps")),
+                     max_concurrency=1 if reqs else 0)
+    return RunResult("llamacpp", metrics, outputs, steps, got["start"], got["end"], parallel, kv_bytes,
                      [len(r.prompt_token_ids) for r in reqs], extra=extra)
