@@ -307,7 +307,12 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
     if rc.quantization:
         from .quantization import quantize_model
 
-        quantize_model(model, rc.quantization)
+        source = model
+        if place.device.type != "cpu" or place.dtype != torch.float32:
+            # Quantize the float32 weights (the file's own grids), not the device's rounded copies.
+            source = build_model(mcfg, weights, torch.device("cpu"), torch.float32, "torch", False)
+        quantize_model(model, rc.quantization, source=source)
+        del source
     runner = ModelRunner(model, mcfg, rc.num_blocks, rc.block_size, place.device, place.dtype,
                          compile=rc.compile)
     if place.device.type == "cuda" and place.attention_backend == "triton":
@@ -316,7 +321,7 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
         from .kernels import warmup
 
         warmup(mcfg, place.dtype, rc.block_size, place.device, max_num_seqs=rc.max_num_seqs,
-               max_model_len=rc.max_model_len, progress=True)
+               max_model_len=rc.max_model_len, progress=True, quantization=rc.quantization)
     if config.cuda_graphs:  # validated by resolve(): CUDA and the Triton backend
         runner.capture_cuda_graphs(rc.max_num_seqs, rc.max_model_len)
     speculator = None

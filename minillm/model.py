@@ -334,7 +334,7 @@ class Llama(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab], only for the rows that sample."""
         if self.quantized_head is not None:
-            return self.quantized_head(hidden)
+            return self.quantized_head(hidden).float()
         if self.packed_head is not None:
             return _packed_linear(hidden, self.packed_head).float()
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight

@@ -32,10 +32,13 @@ grid over the same range), symmetric 8-bit groups for the head. One scale per ro
 (``int8_channel``) does not contain them and rounds every weight again:
 ``python -m minillm.bench.quant_measure`` measures what that costs.
 
-``QuantizedLinear`` runs the CPU kernels of ``kernels/cpu/quant_matmul.cpp``; their oracles
-are in ``kernels/cpu/quant.py``. Each output element is summed in an order that does not
-depend on the other rows of the batch, so a request's tokens do not depend on what it is
-batched with (tests/test_quantization.py).
+``QuantizedLinear`` runs the CPU kernels of ``kernels/cpu/quant_matmul.cpp`` (float32
+activations); their oracles are in ``kernels/cpu/quant.py``. Each output element is summed in
+an order that does not depend on the other rows of the batch, so a request's tokens do not
+depend on what it is batched with (tests/test_quantization.py). On CUDA it runs the Triton
+kernels of ``kernels/quant_gemv.py`` (activations in float32, float16 or bfloat16), checked
+against their oracle in Triton's interpreter and compiled ahead of time, not yet run on a GPU
+(nor checked there for batch invariance: their tile shape follows the batch size).
 """
 from __future__ import annotations
 
@@ -142,8 +145,9 @@ class QuantizedLinear(nn.Module):
     """A bias-free linear layer holding its weight in ``fmt`` (one of ``FORMATS``): y = x @ w.T
     with w the dequantized weight, computed by a CPU kernel that never writes w out.
 
-    Activations are float32 [..., K]; the result is float32 [..., N]. ``dense()`` gives the
-    dequantized weight back (what the oracle multiplies by).
+    Activations [..., K]: float32 on the CPU (a C++ kernel), float32 / float16 / bfloat16 on
+    CUDA (a Triton kernel, ``forward_triton``); the result [..., N] is in their dtype.
+    ``dense()`` gives the dequantized weight back (what the oracle multiplies by).
     """
 
     def __init__(self, weight: torch.Tensor, fmt: str, group_size: int = GROUP_SIZE, symmetric: bool = False):
@@ -185,8 +189,11 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from .kernels.cpu import quant
 
+        if x.device.type == "cuda":
+            return self.forward_triton(x)
         if x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"quantized layers take float32 activations on the CPU, got {x.dtype} on {x.device}")
+            raise ValueError(f"quantized layers take float32 activations on the CPU (or float32/float16/bfloat16 "
+                             f"on CUDA), got {x.dtype} on {x.device}")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if not x2.is_contiguous():
@@ -199,6 +206,22 @@ class QuantizedLinear(nn.Module):
             y = quant.u8_linear(x2, self.qweight, self.scales, self.mins, self.group_size)
         else:
             y = quant.q4_linear(x2, self.qweight, self.scales, self.mins, self.group_size)
+        return y.view(*lead, self.out_features)
+
+    def forward_triton(self, x: torch.Tensor) -> torch.Tensor:
+        """y = x @ w.T by the Triton GEMV of ``kernels/quant_gemv.py`` (what ``forward`` runs on
+        CUDA; on CPU tensors it runs in Triton's interpreter, which is how it is tested here)."""
+        from .kernels.quant_gemv import q4_gemv, u8_gemv
+
+        if self.fmt == "int8_channel":
+            raise ValueError("int8_channel (one scale per row) has no Triton kernel: use int8_group or q4_group")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        if (y := self._learners_forward(x2)) is None:
+            gemv = u8_gemv if self.fmt == "int8_group" else q4_gemv
+            y = gemv(x2, self.qweight, self.scales, self.mins, self.group_size)
         return y.view(*lead, self.out_features)
 
     def _learners_forward(self, x2: torch.Tensor) -> torch.Tensor | None:
@@ -225,23 +248,34 @@ class QuantizedLinear(nn.Module):
 PROJECTIONS = (("attn", "qkv_proj"), ("attn", "o_proj"), ("mlp", "gate_up_proj"), ("mlp", "down_proj"))
 
 
-def quantize_model(model: nn.Module, scheme: str | None, layer_format: str | None = None) -> nn.Module:
-    """``model`` (a ``model.Llama`` on the CPU in float32) with every projection of
-    every layer in the scheme's format (or ``layer_format``, to compare formats) and the LM
-    head in symmetric 8-bit groups, in place; returns the model."""
+def quantize_model(model: nn.Module, scheme: str | None, layer_format: str | None = None,
+                   source: nn.Module | None = None) -> nn.Module:
+    """``model`` (a ``model.Llama``) with every projection of every layer in the scheme's
+    format (or ``layer_format``, to compare formats) and the LM head in symmetric 8-bit
+    groups, in place; returns the model.
+
+    The weights are read from ``source`` (default: ``model`` itself), a float32 model on the
+    CPU with the same layers: a model on CUDA in bfloat16 is quantized from the float32 weights
+    (the file's own grids, held exactly) rather than from its rounded copies; the quantized
+    layers then move to ``model``'s device."""
     check_scheme(scheme)
     if scheme is None:
         return model
     fmt = layer_format or LAYER_FORMAT[scheme]
-    if model.embed.weight.dtype != torch.float32 or model.embed.weight.device.type != "cpu":
-        raise ValueError(f"quantize_model takes a float32 model on the CPU, got {model.embed.weight.dtype} on "
-                         f"{model.embed.weight.device}")
-    for layer in model.layers:
+    src = model if source is None else source
+    if src.embed.weight.dtype != torch.float32 or src.embed.weight.device.type != "cpu":
+        raise ValueError(f"quantize_model reads a float32 model on the CPU, got {src.embed.weight.dtype} on "
+                         f"{src.embed.weight.device}: pass source=, the same model built on the CPU in float32")
+    if len(src.layers) != len(model.layers):
+        raise ValueError(f"quantize_model: source has {len(src.layers)} layers, the model {len(model.layers)}")
+    device = model.embed.weight.device
+    for layer, src_layer in zip(model.layers, src.layers):
         for part, name in PROJECTIONS:
-            parent = getattr(layer, part)
-            setattr(parent, name, QuantizedLinear(_float_weight(getattr(parent, name)), fmt))
-    head = model.embed.weight if model.lm_head is None else model.lm_head.weight
-    model.quantized_head = QuantizedLinear(head, "int8_group", symmetric=True)  # the embedding keeps its rows
+            w = _float_weight(getattr(getattr(src_layer, part), name))
+            setattr(getattr(layer, part), name, QuantizedLinear(w, fmt).to(device))
+    head = src.embed.weight if src.lm_head is None else src.lm_head.weight
+    # the embedding keeps its rows; the head's copy is quantized
+    model.quantized_head = QuantizedLinear(head, "int8_group", symmetric=True).to(device)
     model.packed_head = None  # the quantized head replaces it
     return model
 

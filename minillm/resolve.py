@@ -53,16 +53,26 @@ def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
 
 
 def _check_quantization(config: EngineConfig, place: Any) -> None:
-    """Quantized weights (the engine's, or a draft model's alone) run in the CPU kernels
-    (kernels/cpu/quant_matmul.cpp), with float32 activations."""
+    """Quantized weights run in the CPU kernels (kernels/cpu/quant_matmul.cpp) with float32
+    activations, or on CUDA in the Triton kernels (kernels/quant_gemv.py) with the engine's
+    dtype. A draft quantized alone runs on the CPU only."""
     spec = config.speculative
     for q, what in ((config.quantization, "quantization"),
                     (spec.quantization if spec is not None else None, "speculative quantization")):
         if q is None:
             continue
+        if place.device.type == "cuda" and what == "quantization":
+            from .kernels import HAS_TRITON
+
+            if not HAS_TRITON:
+                raise ValueError(f"quantization={q!r} on CUDA runs Triton kernels, and triton is not installed: "
+                                 f"pip install triton, or pass device='cpu'")
+            continue
         if place.device.type != "cpu":
-            raise ValueError(f"{what}={q!r} runs on the CPU kernels; this engine runs on {place.device} "
-                             f"(no CUDA kernel for quantized weights yet): pass device='cpu' or {what}=None")
+            raise ValueError(f"{what}={q!r} runs on the CPU kernels; this engine runs on {place.device}"
+                             + (" (on CUDA, quantize the target with quantization=...; a self-draft shares its "
+                                "layers)" if place.device.type == "cuda" else "")
+                             + f": pass device='cpu' or {what}=None")
         if place.dtype != torch.float32:
             raise ValueError(f"{what}={q!r} keeps the activations in float32; got dtype {place.dtype}: "
                              f"pass dtype='float32' (or None)")

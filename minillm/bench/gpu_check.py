@@ -5,7 +5,8 @@ On a machine with CUDA (budget: 8 minutes in all):
     1. pytest -m "gpu or aot"         compiled Triton kernels, bf16 engines, CUDA graphs, AOT tier
     2. nbval on every chapter         the notebooks still run top to bottom on a GPU
     3. engine vs transformers         bf16, dummy weights at SmolLM2's real shapes (no GGUF
-                                      needed): step time, tokens/s and Triton compile counts
+                                      needed): step time, tokens/s and Triton compile counts;
+                                      the paged engine with int8 and q4 weights too
 
 and writes ``gpu_check.json`` (plus each part's log) under ``--out`` (default ``$OUT`` or
 ``out/``). A part that overruns its share of the budget is stopped and reported, so the
@@ -111,6 +112,16 @@ def bench(gpu: bool, num_requests: int) -> dict[str, Any]:
         out["triton_compiles"] = {"warmup_run": None if before is None else warm - before,
                                   "timed_run": None if warm is None else after - warm}
         out["dtype"] = "bfloat16"
+        # Quantized weights on the GPU (Triton GEMVs, bf16 activations): the first run compiles
+        # their variants, the second is reported, against the float paged run above.
+        for scheme in ("int8", "q4"):
+            try:
+                run_benchmark(["paged"], wl, dummy_weights=True, progress=False, max_num_seqs=8, quantization=scheme)
+                q = run_benchmark(["paged"], wl, dummy_weights=True, progress=False, max_num_seqs=8,
+                                  quantization=scheme)[0]
+                out[f"paged_{scheme}"] = _step_stats(q)
+            except Exception as e:  # noqa: BLE001 - reported, the rest of the check goes on
+                out[f"paged_{scheme}"] = {"error": f"{type(e).__name__}: {e}"}
         return out
     from minillm import loader
     from minillm.engine import build_engine
