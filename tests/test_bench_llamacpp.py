@@ -32,6 +32,8 @@ class Llama:
         _log(init=dict(model_path=model_path, **kwargs))
         self._n_ctx, self.n_batch = kwargs["n_ctx"], min(kwargs["n_ctx"], kwargs.get("n_batch", 512))
         self.n_tokens = 0
+        self._logits_all = kwargs.get("logits_all", False)
+        self.scores = []
         self._given = json.loads(os.environ.get("FAKE_LLAMA_TOKENS", "[]"))
         self._prompts = -1  # the warm-up prompt comes first
 
@@ -46,6 +48,10 @@ class Llama:
             self._prompts += 1
             self._sampled = 0
             _log(prompt=list(tokens))
+        if self.n_tokens == 0:
+            self.scores = []
+        if self._logits_all:  # a vocabulary of 8: logit v of token t is (3 t + v) % 8
+            self.scores = self.scores + [[float((3 * t + v) % 8) for v in range(8)] for t in tokens]
         self.n_tokens += len(tokens)
         assert self.n_tokens <= self._n_ctx
 
@@ -500,3 +506,23 @@ def test_parallel_slots_through_a_fake_llama_cpp(tmp_path, monkeypatch):
     # first come, first served: with every request there at t=0, slots are taken in workload order
     sched = [m.first_scheduled_time for m in res.metrics]
     assert sched == sorted(sched) and res.metrics[0].queue_wait >= 0
+
+
+def test_llamacpp_logits_through_a_fake_llama_cpp(tmp_path, monkeypatch):
+    """Logits mode: each sequence fed whole from an empty cache with logits_all, one .npy each, read back."""
+    import torch
+
+    from minillm import loader
+
+    fake = _fake_python(tmp_path)
+    log = tmp_path / "llama-log.jsonl"
+    monkeypatch.setenv("FAKE_LLAMA_LOG", str(log))
+    seqs = [[1, 2, 3], [4, 5]]
+    got = llamacpp_runner.llamacpp_logits(seqs, gguf_path=loader.find_gguf(), threads=1, python=str(fake))
+    want = [torch.tensor([[float((3 * t + v) % 8) for v in range(8)] for t in s]) for s in seqs]
+    assert len(got) == 2 and all(torch.equal(g, w) for g, w in zip(got, want))
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entries[0]["init"]["logits_all"] is True and entries[0]["init"]["n_ctx"] == 3
+    assert [e["prompt"] for e in entries if "prompt" in e] == seqs  # no warm-up, no BOS, each from empty
+    with pytest.raises(ValueError, match="no empty one"):
+        llamacpp_runner.llamacpp_logits([[1], []], gguf_path=loader.find_gguf(), threads=1, python=str(fake))

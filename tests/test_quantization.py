@@ -296,3 +296,24 @@ def test_serve_flags_reach_the_engine_options():
     EngineConfig.from_kwargs(**kw)
     with pytest.raises(ValueError, match="need --speculative-method"):
         engine_kwargs_from_args(_serve_parser().parse_args(["--draft-quantization", "int8"]))
+
+
+def test_logits_agreement_and_perplexity_of_logits():
+    """The logits-level measures (what llama.cpp's logits are compared with): exact values on
+    hand-made logits, and a ValueError for logits of other positions."""
+    import math
+
+    from minillm.bench.quant_measure import logits_agreement, perplexity_of
+
+    a = [torch.tensor([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0]]), torch.tensor([[0.0, 0.0, 1.0]])]
+    b = [torch.tensor([[2.0, 0.0, 0.5], [4.0, 3.0, 0.0]]), torch.tensor([[0.0, 0.0, 1.0]])]
+    q = logits_agreement(a, b)
+    assert q["positions"] == 3 and q["argmax_agreement"] == pytest.approx(2 / 3)
+    assert q["mean_abs_dlogit"] == pytest.approx((0.5 / 3 + 4 / 3 + 0) / 3) and q["max_abs_dlogit"] == 4.0
+    with pytest.raises(ValueError, match="not the same positions"):
+        logits_agreement(a, [b[0], torch.zeros(2, 3)])
+    uniform = torch.zeros(4, 5)  # p = 1/5 for every token: perplexity 5
+    assert perplexity_of(uniform, [0, 1, 2, 3]) == pytest.approx(5.0)
+    sure = torch.full((3, 5), -30.0)
+    sure[0, 2] = sure[1, 4] = 30.0  # the tokens that follow, nearly certain
+    assert perplexity_of(sure, [1, 2, 4]) == pytest.approx(1.0, abs=1e-6) and not math.isnan(perplexity_of(sure, [1, 2, 4]))

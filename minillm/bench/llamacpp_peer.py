@@ -33,6 +33,11 @@ token completes its prompt or is a decode token, and the next token is their arg
 A finished sequence's cells are removed (``llama_memory_seq_rm``) and its slot takes the
 next arrived request, in order of arrival.
 
+Logits instead of a run: a job with ``"logits_of": [[token ids], ...]`` (and no ``requests``)
+feeds each sequence from an empty KV cache (no BOS added) and writes the logits llama.cpp
+computed at every position, float32 [len, vocab], to ``logits_<i>.npy`` next to RESULT.json,
+whose ``logits_files`` lists them (``logits``).
+
 RESULT.json: ``start`` and ``end`` (perf_counter seconds of this process), per request
 ``token_ids``, ``token_times``, ``arrival_time``, ``finish_time`` (parallel slots add
 ``scheduled_time`` and ``slot``); and what llama.cpp ran with (version, n_ctx, n_batch,
@@ -241,6 +246,23 @@ class LlamaSlots:
             self.ctx = None
 
 
+def logits(llm, sequences: list[list[int]], out_dir: str) -> list[str]:
+    """The logits at every position of each sequence (``llm`` built with ``logits_all=True``),
+    each sequence fed whole from an empty KV cache, saved as ``out_dir/logits_<i>.npy``."""
+    import os
+
+    import numpy as np
+
+    files = []
+    for i, seq in enumerate(sequences):
+        llm.reset()
+        llm.eval(list(seq))
+        name = f"logits_{i}.npy"
+        np.save(os.path.join(out_dir, name), np.asarray(llm.scores[: len(seq)], dtype=np.float32))
+        files.append(name)
+    return files
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print("usage: python llamacpp_peer.py JOB.json RESULT.json", file=sys.stderr)
@@ -252,9 +274,17 @@ def main(argv: list[str]) -> int:
     threads = job["n_threads"]
     n_batch = job.get("n_batch") or job["n_ctx"]
     parallel = int(job.get("parallel") or 1)
+    wants_logits = "logits_of" in job
     llm = llama_cpp.Llama(model_path=job["model"], n_ctx=job["n_ctx"], n_batch=n_batch, n_ubatch=n_batch,
-                          n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
+                          n_threads=threads, n_threads_batch=threads, logits_all=wants_logits, verbose=False)
     result = {"llama_cpp_version": llama_cpp.__version__, "n_threads": threads, "parallel": parallel}
+    if wants_logits:
+        import os
+
+        result["logits_files"] = logits(llm, job["logits_of"], os.path.dirname(os.path.abspath(argv[2])))
+        with open(argv[2], "w") as f:
+            json.dump(result, f)
+        return 0
     if parallel == 1:
         # Warm up (first-call allocations), outside the measurement, as minillm does.
         generate(llm, [1, 2, 3, 4], 2)

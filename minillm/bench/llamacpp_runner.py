@@ -131,6 +131,58 @@ def step_records(steps: list[dict], reqs: list, num_slots: int) -> list[StepReco
     return out
 
 
+def _run_peer(job: dict, python: str, progress: bool, read=None):
+    """Run ``llamacpp_peer.py`` on ``job`` in ``python``; its RESULT.json, or ``read(folder, result)``
+    while the peer's folder (where it may have written more files) still exists."""
+    with tempfile.TemporaryDirectory(prefix="minillm-llamacpp-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job_path.write_text(json.dumps(job))
+        proc = subprocess.Popen([python, str(LLAMACPP_PEER), str(job_path), str(out_path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp)
+        tail: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:  # llama.cpp's own log, passed on (to stderr: stdout is the table)
+            tail = (tail + [line.rstrip()])[-30:]
+            if progress:
+                print(line, end="", file=sys.stderr, flush=True)
+        rc = proc.wait()
+        if rc != 0 or not out_path.is_file():
+            raise LlamaCppFailed(f"llama.cpp ({python}) failed with exit status {rc}; the end of its log:\n"
+                                 + "\n".join(tail))
+        got = json.loads(out_path.read_text())
+        return got if read is None else read(Path(tmp), got)
+
+
+def llamacpp_logits(sequences: list[list[int]], *, gguf_path: str | os.PathLike, threads: int,
+                    python: str | None = None) -> list:
+    """llama.cpp's logits at every position of each token sequence: float32 tensors [len, vocab].
+
+    Each sequence is fed whole from an empty KV cache, as token ids (no BOS added), in the
+    Python ``find_llamacpp_python`` finds; the logits are those of the model's GGUF as
+    llama.cpp computes them (its own quantized blocks), for a teacher-forced comparison."""
+    import numpy as np
+    import torch
+
+    seqs = [[int(t) for t in s] for s in sequences]
+    if not seqs or any(not s for s in seqs):
+        raise ValueError("llamacpp_logits needs at least one sequence, and no empty one")
+    n_ctx = max(len(s) for s in seqs)
+    job = dict(model=str(gguf_path), n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads, logits_of=seqs)
+    python = python or find_llamacpp_python()
+
+    def read(folder: Path, got: dict) -> list:
+        files = got.get("logits_files") or []
+        if len(files) != len(seqs):
+            raise LlamaCppFailed(f"llama.cpp returned logits for {len(files)} of {len(seqs)} sequences")
+        out = [torch.from_numpy(np.load(folder / f)) for f in files]
+        for s, t in zip(seqs, out):
+            if t.dim() != 2 or t.shape[0] != len(s):
+                raise LlamaCppFailed(f"llama.cpp's logits have shape {tuple(t.shape)} for a sequence of {len(s)}")
+        return out
+
+    return _run_peer(job, python, False, read)
+
+
 def run_llamacpp(workload: Workload, *, gguf_path: str | os.PathLike, threads: int, n_ctx: int,
                  python: str | None = None, progress: bool = False, parallel: int | None = None,
                  kv_unified: bool = True) -> RunResult:
@@ -163,25 +215,10 @@ def run_llamacpp(workload: Workload, *, gguf_path: str | os.PathLike, threads: i
                               arrival_time=r.arrival_time) for r in reqs])
     if parallel > 1:
         job.update(parallel=parallel, kv_unified=kv_unified)
-    with tempfile.TemporaryDirectory(prefix="minillm-llamacpp-") as tmp:
-        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_path.write_text(json.dumps(job))
-        if progress:
-            print(f"llamacpp: {python} {LLAMACPP_PEER.name} ({len(reqs)} requests, {parallel} slot"
-                  f"{'s' if parallel > 1 else ''})", file=sys.stderr, flush=True)
-        proc = subprocess.Popen([python, str(LLAMACPP_PEER), str(job_path), str(out_path)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp)
-        tail: list[str] = []
-        assert proc.stdout is not None
-        for line in proc.stdout:  # llama.cpp's own log, passed on (to stderr: stdout is the table)
-            tail = (tail + [line.rstrip()])[-30:]
-            if progress:
-                print(line, end="", file=sys.stderr, flush=True)
-        rc = proc.wait()
-        if rc != 0 or not out_path.is_file():
-            raise LlamaCppFailed(f"llama.cpp ({python}) failed with exit status {rc}; the end of its log:\n"
-                                 + "\n".join(tail))
-        got = json.loads(out_path.read_text())
+    if progress:
+        print(f"llamacpp: {python} {LLAMACPP_PEER.name} ({len(reqs)} requests, {parallel} slot"
+              f"{'s' if parallel > 1 else ''})", file=sys.stderr, flush=True)
+    got = _run_peer(job, python, progress)
     metrics, outputs = [], []
     for r in got["requests"]:
         t = [float(x) for x in r["token_times"]]

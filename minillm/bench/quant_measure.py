@@ -10,7 +10,8 @@
   alternately in rounds (the cores may be shared), with the bytes of weights it reads and
   the floor those bytes set at the measured read bandwidth.
 
-``python -m minillm.bench.quant_measure`` prints both tables for float32, int8 and q4.
+``python -m minillm.bench.quant_measure`` prints both tables for float32, int8 and q4
+(``--llamacpp``: and llama.cpp's own logits on the same sequences, from the same GGUF).
 """
 from __future__ import annotations
 
@@ -60,19 +61,17 @@ def models_for(weights: dict, keys: Sequence[str | None], attention_backend: str
     return out
 
 
-@torch.inference_mode()
-def teacher_forced(reference, model, sequences: Sequence[Sequence[int]]) -> dict[str, Any]:
-    """Logits of ``model`` against ``reference`` at every position of every sequence (each fed
-    whole): argmax agreement, mean and max |Δlogit|."""
-    from minillm.model_runner import prompt_logits
-
+def logits_agreement(reference: Sequence[torch.Tensor], logits: Sequence[torch.Tensor]) -> dict[str, Any]:
+    """Two lists of logits [len, vocab], one per sequence, position by position: how often the
+    argmax agrees, mean and max |Δlogit|."""
     agree = total = 0
     abs_sum, abs_max = 0.0, 0.0
-    for ids in sequences:
-        a, b = prompt_logits(reference, list(ids)), prompt_logits(model, list(ids))
+    for a, b in zip(reference, logits, strict=True):
+        if a.shape != b.shape:
+            raise ValueError(f"logits of shapes {tuple(a.shape)} and {tuple(b.shape)}: not the same positions")
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
         total += a.shape[0]
-        d = (a - b).abs()
+        d = (a.float() - b.float()).abs()
         abs_sum += float(d.mean()) * a.shape[0]
         abs_max = max(abs_max, float(d.max()))
     return {"positions": total, "argmax_agreement": agree / total, "mean_abs_dlogit": abs_sum / total,
@@ -80,14 +79,33 @@ def teacher_forced(reference, model, sequences: Sequence[Sequence[int]]) -> dict
 
 
 @torch.inference_mode()
+def all_logits(model, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """``model``'s logits at every position of each sequence, each fed whole."""
+    from minillm.model_runner import prompt_logits
+
+    return [prompt_logits(model, list(ids)) for ids in sequences]
+
+
+def teacher_forced(reference, model, sequences: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """Logits of ``model`` against ``reference`` at every position of every sequence (each fed
+    whole): argmax agreement, mean and max |Δlogit|."""
+    return logits_agreement(all_logits(reference, sequences), all_logits(model, sequences))
+
+
+def perplexity_of(logits: torch.Tensor, token_ids: Sequence[int]) -> float:
+    """exp(mean -log p(token | the tokens before it)) over ``token_ids[1:]``, from the logits
+    [len, vocab] computed on ``token_ids`` (by any model, llama.cpp's too)."""
+    target = torch.tensor(list(token_ids)[1:])
+    nll = torch.nn.functional.cross_entropy(logits[:-1].double(), target)
+    return math.exp(float(nll))
+
+
+@torch.inference_mode()
 def perplexity(model, token_ids: Sequence[int]) -> float:
     """exp(mean -log p(token | the tokens before it)) over ``token_ids[1:]``."""
     from minillm.model_runner import prompt_logits
 
-    logits = prompt_logits(model, list(token_ids))[:-1]
-    target = torch.tensor(token_ids[1:])
-    nll = torch.nn.functional.cross_entropy(logits.double(), target)
-    return math.exp(float(nll))
+    return perplexity_of(prompt_logits(model, list(token_ids)), token_ids)
 
 
 def read_bandwidth_gbps(mbytes: int = 256, repeats: int = 5) -> float:
@@ -130,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,8,32", help="decode batch sizes to time")
     p.add_argument("--rounds", type=int, default=5, help="alternated rounds of step timing")
     p.add_argument("--prompts", type=int, default=8, help="instruction prompts for teacher forcing")
+    p.add_argument("--llamacpp", action="store_true",
+                   help="also llama.cpp's logits on the same sequences, from the same GGUF (make peer-llamacpp)")
     args = p.parse_args(argv)
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     tok = loader.load_tokenizer()
@@ -151,6 +171,17 @@ def main(argv: list[str] | None = None) -> int:
                                                            "max_abs_dlogit": 0.0}
         print(f"{key or 'float32':12s} {weight_bytes_per_step(m) / 1e6:8.1f} {q['argmax_agreement']:12.2%} "
               f"{q['mean_abs_dlogit']:12.4f} {q['max_abs_dlogit']:11.3f} {perplexity(m, held):10.2f}")
+    if args.llamacpp:
+        from minillm.bench.llamacpp_runner import llamacpp_logits
+
+        theirs = llamacpp_logits([*sequences, held], gguf_path=loader.find_gguf(), threads=torch.get_num_threads())
+        q = logits_agreement(all_logits(ref, sequences), theirs[:-1])
+        print(f"{'llama.cpp':12s} {'(gguf)':>8s} {q['argmax_agreement']:12.2%} {q['mean_abs_dlogit']:12.4f} "
+              f"{q['max_abs_dlogit']:11.3f} {perplexity_of(theirs[-1], held):10.2f}")
+        for key in [k for k in ("q4", "int8") if k in models]:
+            q = logits_agreement(all_logits(models[key], sequences), theirs[:-1])
+            print(f"  llama.cpp against minillm {key}: argmax agreement {q['argmax_agreement']:.2%}, "
+                  f"mean |dlogit| {q['mean_abs_dlogit']:.4f}")
     bw = read_bandwidth_gbps()
     print(f"\nread bandwidth: {bw:.1f} GB/s; decode step, context 128, {args.rounds} alternated rounds (median):")
     for b in [int(x) for x in args.batches.split(",")]:
