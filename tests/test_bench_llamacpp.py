@@ -526,3 +526,29 @@ def test_llamacpp_logits_through_a_fake_llama_cpp(tmp_path, monkeypatch):
     assert [e["prompt"] for e in entries if "prompt" in e] == seqs  # no warm-up, no BOS, each from empty
     with pytest.raises(ValueError, match="no empty one"):
         llamacpp_runner.llamacpp_logits([[1], []], gguf_path=loader.find_gguf(), threads=1, python=str(fake))
+
+
+def test_llamacpp_parallel_flag_reaches_the_runner(tmp_path, monkeypatch, capsys):
+    """--llamacpp-parallel P is what run_llamacpp gets (else the variable's value); a bad P is a usage error."""
+    monkeypatch.setenv("MINILLM_LLAMACPP_PYTHON", str(_fake_python(tmp_path)))
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_run(workload, **kwargs):
+        seen.append(kwargs["parallel"])
+        raise Stop
+
+    monkeypatch.setattr(compare, "run_llamacpp", fake_run)
+    for argv, env, want in ((["--llamacpp-parallel", "4"], "2", 4), ([], "3", 3), ([], None, 1)):
+        if env is None:
+            monkeypatch.delenv("MINILLM_LLAMACPP_PARALLEL", raising=False)
+        else:
+            monkeypatch.setenv("MINILLM_LLAMACPP_PARALLEL", env)
+        with pytest.raises(Stop):
+            compare.main(["--engine", "llamacpp", *SMALL, *argv])
+        assert seen[-1] == want
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--engine", "llamacpp", *SMALL, "--llamacpp-parallel", "0"])
+    assert e.value.code == 2 and "parallel slots must be >= 1" in capsys.readouterr().err

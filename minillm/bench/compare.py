@@ -14,8 +14,8 @@ weights are loaded once. Engines:
     hf-generate    transformers ``generate`` on left-padded groups of B
     hf-continuous  transformers' continuous batching (``generate_batch``'s engine)
     vllm           vLLM (optional, its own virtualenv: ``make peer-vllm``), in a subprocess
-    llamacpp       llama.cpp on the model's own GGUF, batch 1 or $MINILLM_LLAMACPP_PARALLEL
-                   parallel slots (optional, its own virtualenv: ``make peer-llamacpp``), in a subprocess
+    llamacpp       llama.cpp on the model's own GGUF, batch 1 or ``--llamacpp-parallel`` P slots
+                   (optional, its own virtualenv: ``make peer-llamacpp``), in a subprocess
 
 ``--engine all`` runs all of them but the peers (vllm, llamacpp); a comma list runs those, in that order.
 
@@ -117,6 +117,7 @@ from minillm.bench.workload import WORKLOADS, Workload, make_workload
 from minillm.bench.vllm_runner import VllmFailed, VllmNotFound, find_vllm_python, run_vllm, vllm_model_dir
 from minillm.bench.llamacpp_runner import (LlamaCppFailed, LlamaCppNotFound, check_context, find_llamacpp_python,
                                            gguf_weight_types, run_llamacpp)
+from minillm.bench import llamacpp_runner
 from minillm.threads import keeps_torch_threads
 
 
@@ -289,7 +290,7 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                   scheduling_policy: str = "fcfs", queue_timeouts: dict | None = None,
                   dtype: str | None = None, threads: int | None = None,
                   vllm_enforce_eager: bool = False, compile: bool = False,
-                  quantization: str | None = None) -> list[RunResult]:
+                  quantization: str | None = None, llamacpp_parallel: int | None = None) -> list[RunResult]:
     """Run ``engines`` one after the other on ``workload`` in this process (vllm, llamacpp in a subprocess).
 
     ``speculative`` (the ``LLM(speculative=...)`` dict), ``enable_prefix_caching`` and
@@ -297,7 +298,8 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
     engine's per-class report. ``dtype`` (None: the device's) is every engine's dtype.
     ``compile``: every minillm engine runs its steps as one compiled graph (``EngineConfig.compile``);
     its warm-up request compiles it, outside the measurement. ``quantization``: every minillm
-    engine's weights (``EngineConfig.quantization``; the baselines keep float weights)."""
+    engine's weights (``EngineConfig.quantization``; the baselines keep float weights).
+    ``llamacpp_parallel``: llama.cpp's parallel slots (None: $MINILLM_LLAMACPP_PARALLEL, else 1)."""
     from minillm import loader
 
     check_settings(max_num_seqs, max_num_batched_tokens, max_model_len, None)
@@ -363,7 +365,7 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
         elif name == "llamacpp":
             gguf = loader.find_gguf()
             res = run_llamacpp(workload, gguf_path=gguf, threads=threads, n_ctx=L, python=llamacpp_python,
-                               progress=progress)
+                               progress=progress, parallel=llamacpp_parallel)
             res.extra["dtype"] = gguf_weight_types(gguf)
         else:
             from minillm.bench import hf_baselines
@@ -462,6 +464,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantization", choices=["int8", "q4"], default=None,
                    help="minillm engines with weight-only quantized linear layers and LM head (CPU, float32); "
                         "transformers and vLLM keep float weights")
+    p.add_argument("--llamacpp-parallel", type=int, default=None, metavar="P",
+                   help="llama.cpp's parallel slots, as llama-server -np P: continuous batching of P sequences "
+                        "(default: $MINILLM_LLAMACPP_PARALLEL, else 1, one request at a time)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     g = p.add_argument_group("paged KV cache")
@@ -559,6 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"--workload-param wants KEY=VALUE, got {kv!r}")
             k, v = kv.split("=", 1)
             params[k.strip()] = _parse_value(v.strip())
+        llama_slots = llamacpp_runner.llamacpp_parallel(args.llamacpp_parallel) if "llamacpp" in engines else None
         if args.threads is not None:
             if args.threads < 1:
                 raise ValueError(f"threads must be an integer >= 1, got {args.threads}")
@@ -596,7 +602,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 scheduling_policy=args.scheduling_policy, queue_timeouts=timeouts,
                                 dtype=args.dtype, threads=args.threads,
                                 vllm_enforce_eager=args.vllm_enforce_eager, compile=args.compile,
-                                quantization=args.quantization)
+                                quantization=args.quantization, llamacpp_parallel=llama_slots)
     except ValueError as e:
         parser.error(str(e))
     except (VllmFailed, LlamaCppFailed) as e:
