@@ -187,42 +187,42 @@ class QuantizedLinear(nn.Module):
         return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.mins) if t is not None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from .kernels.cpu import quant
-
         if x.device.type == "cuda":
             return self.forward_triton(x)
         if x.dtype != torch.float32 or x.device.type != "cpu":
             raise ValueError(f"quantized layers take float32 activations on the CPU (or float32/float16/bfloat16 "
                              f"on CUDA), got {x.dtype} on {x.device}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        if not x2.is_contiguous():
-            x2 = x2.contiguous()
-        if self.fmt != "int8_channel" and (y := self._learners_forward(x2)) is not None:
-            return y.view(*lead, self.out_features)
-        if self.fmt == "int8_channel":
-            y = quant.int8_linear(x2, self.qweight, self.scales)
-        elif self.fmt == "int8_group":
-            y = quant.u8_linear(x2, self.qweight, self.scales, self.mins, self.group_size)
-        else:
-            y = quant.q4_linear(x2, self.qweight, self.scales, self.mins, self.group_size)
-        return y.view(*lead, self.out_features)
+        return self._rows(x, self._cpu_matmul)
 
     def forward_triton(self, x: torch.Tensor) -> torch.Tensor:
         """y = x @ w.T by the Triton GEMV of ``kernels/quant_gemv.py`` (what ``forward`` runs on
         CUDA; on CPU tensors it runs in Triton's interpreter, which is how it is tested here)."""
-        from .kernels.quant_gemv import q4_gemv, u8_gemv
-
         if self.fmt == "int8_channel":
             raise ValueError("int8_channel (one scale per row) has no Triton kernel: use int8_group or q4_group")
-        lead = x.shape[:-1]
+        return self._rows(x, self._triton_matmul)
+
+    def _rows(self, x: torch.Tensor, matmul) -> torch.Tensor:
+        """x [..., K] as contiguous rows [M, K]; y [M, N] by a learner's plugged function, else by
+        ``matmul``; back to [..., N]."""
         x2 = x.reshape(-1, self.in_features)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
-        if (y := self._learners_forward(x2)) is None:
-            gemv = u8_gemv if self.fmt == "int8_group" else q4_gemv
-            y = gemv(x2, self.qweight, self.scales, self.mins, self.group_size)
-        return y.view(*lead, self.out_features)
+        y = self._learners_forward(x2) if self.fmt != "int8_channel" else None
+        return (matmul(x2) if y is None else y).view(*x.shape[:-1], self.out_features)
+
+    def _cpu_matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        from .kernels.cpu import quant
+
+        if self.fmt == "int8_channel":
+            return quant.int8_linear(x2, self.qweight, self.scales)
+        kernel = quant.u8_linear if self.fmt == "int8_group" else quant.q4_linear
+        return kernel(x2, self.qweight, self.scales, self.mins, self.group_size)
+
+    def _triton_matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        from .kernels.quant_gemv import q4_gemv, u8_gemv
+
+        gemv = u8_gemv if self.fmt == "int8_group" else q4_gemv
+        return gemv(x2, self.qweight, self.scales, self.mins, self.group_size)
 
     def _learners_forward(self, x2: torch.Tensor) -> torch.Tensor | None:
         """y [M, N] from a learner's plugged ``int8_gemv_triton`` (8-bit groups) or

@@ -48,6 +48,7 @@ slot after the step, the arrived requests still waiting for one).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections import deque
@@ -249,8 +250,6 @@ class LlamaSlots:
 def logits(llm, sequences: list[list[int]], out_dir: str) -> list[str]:
     """The logits at every position of each sequence (``llm`` built with ``logits_all=True``),
     each sequence fed whole from an empty KV cache, saved as ``out_dir/logits_<i>.npy``."""
-    import os
-
     import numpy as np
 
     files = []
@@ -279,8 +278,6 @@ def main(argv: list[str]) -> int:
                           n_threads=threads, n_threads_batch=threads, logits_all=wants_logits, verbose=False)
     result = {"llama_cpp_version": llama_cpp.__version__, "n_threads": threads, "parallel": parallel}
     if wants_logits:
-        import os
-
         result["logits_files"] = logits(llm, job["logits_of"], os.path.dirname(os.path.abspath(argv[2])))
         with open(argv[2], "w") as f:
             json.dump(result, f)

@@ -166,20 +166,26 @@ def main(argv: list[str] | None = None) -> int:
     held = tok(HELDOUT_TEXT).input_ids
     print(f"{'weights':12s} {'MB/step':>8s} {'argmax agree':>12s} {'mean|dlogit|':>12s} {'max|dlogit|':>11s} "
           f"{'perplexity':>10s}")
-    for key, m in models.items():
-        q = teacher_forced(ref, m, sequences) if key else {"argmax_agreement": 1.0, "mean_abs_dlogit": 0.0,
-                                                           "max_abs_dlogit": 0.0}
-        print(f"{key or 'float32':12s} {weight_bytes_per_step(m) / 1e6:8.1f} {q['argmax_agreement']:12.2%} "
-              f"{q['mean_abs_dlogit']:12.4f} {q['max_abs_dlogit']:11.3f} {perplexity(m, held):10.2f}")
+    theirs = None
     if args.llamacpp:
         from minillm.bench.llamacpp_runner import llamacpp_logits
 
         theirs = llamacpp_logits([*sequences, held], gguf_path=loader.find_gguf(), threads=torch.get_num_threads())
-        q = logits_agreement(all_logits(ref, sequences), theirs[:-1])
+    ref_logits = all_logits(ref, sequences)  # once; each model's logits below once too
+    against_llamacpp = {}
+    for key, m in models.items():
+        mine = ref_logits if key is None else all_logits(m, sequences)
+        q = logits_agreement(ref_logits, mine)
+        print(f"{key or 'float32':12s} {weight_bytes_per_step(m) / 1e6:8.1f} {q['argmax_agreement']:12.2%} "
+              f"{q['mean_abs_dlogit']:12.4f} {q['max_abs_dlogit']:11.3f} {perplexity(m, held):10.2f}")
+        if theirs is not None and key in ("q4", "int8"):
+            against_llamacpp[key] = logits_agreement(mine, theirs[:-1])
+        del mine
+    if theirs is not None:
+        q = logits_agreement(ref_logits, theirs[:-1])
         print(f"{'llama.cpp':12s} {'(gguf)':>8s} {q['argmax_agreement']:12.2%} {q['mean_abs_dlogit']:12.4f} "
               f"{q['max_abs_dlogit']:11.3f} {perplexity_of(theirs[-1], held):10.2f}")
-        for key in [k for k in ("q4", "int8") if k in models]:
-            q = logits_agreement(all_logits(models[key], sequences), theirs[:-1])
+        for key, q in against_llamacpp.items():
             print(f"  llama.cpp against minillm {key}: argmax agreement {q['argmax_agreement']:.2%}, "
                   f"mean |dlogit| {q['mean_abs_dlogit']:.4f}")
     bw = read_bandwidth_gbps()
