@@ -50,5 +50,5 @@ def int8_gemv_triton(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
 
 
 def quiz_answers() -> dict[str, str | float]:
-    """q1: 4 bits + 2 x 32 bits / 32 weights; q2: 1e9 x (4 + 2 x 16 / 32) / 8 bytes at 25 GB/s."""
-    return {"q1": 6.0, "q2": 25.0, "q3": "b", "q4": "c"}
+    """q1: 4 bits + 2 x 32 bits / 64 weights; q2: 1e9 x (4 + 2 x 16 / 32) / 8 bytes at 25 GB/s."""
+    return {"q1": 5.0, "q2": 25.0, "q3": "b", "q4": "c"}

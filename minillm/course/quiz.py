@@ -197,8 +197,8 @@ QUIZZES: dict[str, list[Question]] = {
             "it keeps the budget: a p95 over the target is normal under load")),
     ],
     "ch11": [
-        _q("q1", """A 4-bit format stores weights in groups of 32, each group with a float32 scale and a float32
-            minimum. How many bits does a decode step read per weight? (1 decimal)""", "f61147418016df10da45",
+        _q("q1", """A 4-bit format stores weights in groups of 64, each group with a float32 scale and a float32
+            minimum. How many bits does a decode step read per weight? (1 decimal)""", "f89d57c79db95056dd98",
            decimals=1),
         _q("q2", """A model of 1,000,000,000 weights is stored in 4-bit groups of 32 with a float16 scale and a
             float16 minimum per group (the layout of GGUF's Q4_1). The memory reads 25 GB/s. What is the floor of
