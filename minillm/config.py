@@ -236,6 +236,10 @@ class EngineConfig:
     # Weight-only quantization of every linear layer and the LM head (minillm/quantization.py):
     # None (float weights), "int8" (per output channel) or "q4" (groups of 32, 4 bits). CPU, float32.
     quantization: str | None = None
+    # Tensor parallelism (minillm/distributed/, chapter 10): every layer's heads and MLP columns
+    # split over this many processes on torch.distributed (gloo on the CPU, NCCL on CUDA);
+    # rank 0 is this process and schedules and samples. 1 = one process, as before.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         self._check()
@@ -274,6 +278,14 @@ class EngineConfig:
                                             and (self.device == "cpu" or self.device.startswith("cuda"))):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         _positive_int("max_num_seqs", self.max_num_seqs)
+        _positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        if self.tensor_parallel_size > 1:
+            for flag, why in (("compile", "a compiled graph of one process"), ("cuda_graphs", "graphs of one process"),
+                              ("quantization", "quantized kernels, which the sharded layers do not use yet")):
+                if getattr(self, flag):
+                    raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} runs float layers split over "
+                                     f"processes; {flag}={getattr(self, flag)!r} needs {why}: leave {flag} off, or "
+                                     f"use tensor_parallel_size=1")
         _positive_int("block_size", self.block_size)
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two (8, 16, 32, ...), got {self.block_size}")

@@ -73,6 +73,8 @@ class LLMEngine:
         # step keeps one count: torch guards its graph on the thread count, and every new
         # count would compile the step again (a minute for SmolLM2, inside a step).
         threads = None if config.compile and config.cpu_threads == "auto" else config.cpu_threads
+        if config.tensor_parallel_size > 1:  # each rank keeps its share of the cores (distributed/runner.py)
+            threads = None
         self.threads = make_governor(threads, self.device) if self.model is not None else None
 
     # -- requests -------------------------------------------------------------
@@ -209,6 +211,12 @@ class LLMEngine:
             self.clock.wait_until(waiting[0].arrival_time)
 
     # -- text -------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop what runs beside this process (a tensor-parallel engine's workers); a no-op otherwise."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
     def decode(self, token_ids: Sequence[int]) -> str:
         if self.tokenizer is None:
             return ""
@@ -303,6 +311,8 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
 
         build.library()
     scheduler = build_scheduler(config, rc, mcfg.eos_token_id)
+    if config.tensor_parallel_size > 1:
+        return _tensor_parallel_engine(config, rc, mcfg, weights, tokenizer, scheduler)
     model = build_model(mcfg, weights, place.device, place.dtype, place.attention_backend, rc.pack_weights)
     if rc.quantization:
         from .quantization import quantize_model
@@ -331,6 +341,35 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
 
         drafter = build_drafter(config.speculative, model, rc.num_blocks, rc.block_size, place.device, place.dtype)
         speculator = Speculator(config.speculative, drafter)
+    return LLMEngine(config, rc, mcfg, tokenizer, scheduler, runner, speculator)
+
+
+def _tensor_parallel_engine(config: EngineConfig, rc, mcfg: ModelConfig, weights: dict, tokenizer,
+                            scheduler) -> LLMEngine:
+    """The engine of ``tensor_parallel_size=N``: rank 0's runner (``distributed/runner.py``)
+    starts N - 1 worker processes; scheduler, sampler and drafter stay in this process."""
+    from .distributed.runner import TensorParallelRunner
+    from .distributed.sharding import check_tensor_parallel
+
+    n, place = config.tensor_parallel_size, rc.placement
+    check_tensor_parallel(mcfg, n)
+    if place.device.type == "cuda" and n > torch.cuda.device_count():
+        raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs (one a rank), but {torch.cuda.device_count()} "
+                         f"are visible: lower it, or set CUDA_VISIBLE_DEVICES")
+    threads = config.cpu_threads if isinstance(config.cpu_threads, int) else None  # None: the cores / N
+    runner = TensorParallelRunner(mcfg, weights, n, rc.num_blocks, rc.block_size, place.device, place.dtype,
+                                  place.attention_backend, rc.pack_weights, threads)
+    speculator = None
+    if config.speculative is not None:
+        from .spec_decode.drafters import build_drafter
+        from .spec_decode.speculator import Speculator
+
+        # The drafter runs whole on rank 0: a self-draft takes its layers from an unsplit copy.
+        spec = config.speculative
+        target = (build_model(mcfg, weights, place.device, place.dtype, place.attention_backend, False)
+                  if spec.method == "model" else runner.model)
+        drafter = build_drafter(spec, target, rc.num_blocks, rc.block_size, place.device, place.dtype)
+        speculator = Speculator(spec, drafter)
     return LLMEngine(config, rc, mcfg, tokenizer, scheduler, runner, speculator)
 
 
@@ -374,6 +413,11 @@ class LLM:
                                  "give one, or one per prompt")
         requests = [self.engine.make_request(p, sp) for p, sp in zip(prompts, params)]
         return self.engine.run(requests, use_tqdm=use_tqdm)
+
+    def close(self) -> None:
+        """Stop the worker processes of ``tensor_parallel_size > 1`` now (else at garbage
+        collection or exit); a no-op for a one-process engine."""
+        self.engine.close()
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         """One conversation -> the token ids of the chat template, ready for the assistant's turn."""

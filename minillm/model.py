@@ -28,9 +28,10 @@ rms_norm = rms_norm_ref
 
 # The seams of the forward (``minillm/seams.py``) that the cpu backend's fused layer ops, a
 # compiled step (compiled.py) and a captured CUDA graph (model_runner.DecodeGraphs) would go
-# around: chapter 0's norm and RoPE, chapter 3's K/V store. While one is plugged, those
-# step aside and the plain layer loop below runs, calling it.
-FORWARD_SEAMS = ("rms_norm", "apply_rope", "store_kv_triton")
+# around: chapter 0's norm and RoPE, chapter 3's K/V store, chapter 10's MLP of a
+# tensor-parallel rank. While one is plugged, those step aside and the plain layer loop
+# below runs, calling it.
+FORWARD_SEAMS = ("rms_norm", "apply_rope", "store_kv_triton", "parallel_mlp")
 
 
 def forward_seam_plugged() -> bool:

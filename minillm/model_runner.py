@@ -124,6 +124,31 @@ def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.dev
     keeps plain lists of the shapes that plan the step (query and context lengths, block
     tables), so no layer has to read them back from the device.
     """
+    return batch_from_plan(plan_batch(rows, block_size), device)
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """A step's inputs as plain host numbers: ``build_batch`` before its upload. Small and
+    picklable, so it is what a tensor-parallel engine broadcasts to its other ranks
+    (``distributed/runner.py``), each of which uploads it to its own device."""
+
+    flat: list[int]  # input_ids | positions | slot_mapping | logits_index | query_start_loc | context_lens | tables | params
+    cuts: list[int]  # the lengths of the first six
+    width: int  # block-table columns
+    block_size: int
+    with_table: bool  # the sampling table closes ``flat``
+    qlens: list[int]
+    ctx: list[int]
+    qstart: list[int]
+    tables: list[list[int]]
+    sample_rows: list[int]
+    offsets: list[int]
+    token_starts: list[int]
+
+
+def plan_batch(rows: list[ScheduledRequest], block_size: int) -> BatchPlan:
+    """The host half of ``build_batch``: every number of the step, laid out for one upload."""
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
@@ -159,25 +184,31 @@ def build_batch(rows: list[ScheduledRequest], block_size: int, device: torch.dev
     with_table = all(p is not None for p in params)
     if with_table:
         flat.extend(param_table_bits(params))
-    buf = upload(flat, torch.long, device)
     cuts = [T, T, T, S, B + 1, B]
+    return BatchPlan(flat, cuts, width, block_size, with_table, qlens, ctx, qstart, tables, sample_rows, offsets,
+                     [qstart[i + 1] - rows[i].num_logits for i in sample_rows])
+
+
+def batch_from_plan(plan: BatchPlan, device: torch.device) -> StepBatch:
+    """The device half of ``build_batch``: one upload, and the step's tensors as views of it."""
+    buf = upload(plan.flat, torch.long, device)
+    cuts, width, B, S = plan.cuts, plan.width, plan.cuts[5], plan.cuts[3]
     input_ids, positions, slot_mapping, li, qsl, cl = buf[:sum(cuts)].split(cuts)
     end = sum(cuts) + B * width
     bt = buf[sum(cuts):end].view(B, width)
-    sampling_table = buf[end:].view(torch.float64).view(S, 3) if with_table else None
+    sampling_table = buf[end:].view(torch.float64).view(S, 3) if plan.with_table else None
     meta = AttentionMetadata(
         slot_mapping=slot_mapping,
         block_tables=bt.to(torch.int32),
         query_start_loc=qsl.to(torch.int32),
         context_lens=cl.to(torch.int32),
-        block_size=block_size,
-        query_lens_list=qlens,
-        context_lens_list=ctx,
-        query_start_loc_list=qstart,
-        block_tables_list=tables,
+        block_size=plan.block_size,
+        query_lens_list=plan.qlens,
+        context_lens_list=plan.ctx,
+        query_start_loc_list=plan.qstart,
+        block_tables_list=plan.tables,
     )
-    return StepBatch(input_ids, positions, meta, li, sample_rows, offsets,
-                     [qstart[i + 1] - rows[i].num_logits for i in sample_rows], sampling_table)
+    return StepBatch(input_ids, positions, meta, li, plan.sample_rows, plan.offsets, plan.token_starts, sampling_table)
 
 
 def upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
