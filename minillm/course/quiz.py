@@ -196,6 +196,33 @@ QUIZZES: dict[str, list[Question]] = {
             "the running decodes wait less between their tokens",
             "it keeps the budget: a p95 over the target is normal under load")),
     ],
+    "ch10": [
+        _q("q1", """SmolLM2-135M (30 layers, hidden size 576) runs on 2 ranks and prefills a prompt of 100 tokens
+            in bfloat16 (2 bytes an element). With the chapter's two all-reduces a layer, how many bytes does each
+            rank all-reduce in that forward?""", "4552f8e63cc2678abba0", decimals=0),
+        _q("q2", """A Llama block is cut Megatron-style. Which projections are column-parallel (each rank holds some
+            of their output features)?""", "357a2f2b88fb6cac6742",
+           ("o_proj and down_proj",
+            "q_proj, k_proj, v_proj, gate_proj and up_proj",
+            "every projection of the block",
+            "only those whose output features divide evenly by the number of ranks")),
+        _q("q3", """Why does the MLP need one all-reduce, after down_proj, and none between gate/up and down?""",
+           "ec82053de5a249a78ff3",
+           ("a second all-reduce, after gate/up, would give the same output: the engine skips it to save time",
+            "SiLU is linear, so each rank can apply it to partial sums and the one sum after down_proj still gives "
+            "the right output",
+            "gate and up are split by output feature, so each rank computes SiLU(gate) * up on whole features of "
+            "its own; down is split by input feature, so each rank's output is a partial sum that one sum completes",
+            "down_proj is replicated on every rank, so each rank computes the whole output from the gathered "
+            "intermediate features")),
+        _q("q4", """At the same batch, going from tensor_parallel_size=2 to 4, what happens per rank in a decode
+            step?""", "8b90bdd3a26586bc3bfd",
+           ("the projection weights it holds and reads halve, while the size of the tensors it all-reduces stays "
+            "the same",
+            "both halve: each rank all-reduces only its own slice of the output",
+            "the projection weights it holds and reads halve, and the size of the tensors it all-reduces doubles",
+            "neither changes: every rank still reads the whole model")),
+    ],
     "ch11": [
         _q("q1", """A 4-bit format stores weights in groups of 64, each group with a float32 scale and a float32
             minimum. How many bits does a decode step read per weight? (1 decimal)""", "f89d57c79db95056dd98",
