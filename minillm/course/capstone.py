@@ -83,6 +83,10 @@ PIECES: list[Piece] = [
     # engine (minillm/course/one_engine.py) on modelled time; the rest of it is the library's.
     Piece("arrivals, goodput, token budget", "ch07_serving_online",
           ("poisson_arrivals", "goodput", "next_token_budget")),
+    # Two ranks, each a process: the learner's shards cut the weights, the learner's MLP
+    # (from the exercises module, which the workers import) runs on every rank.
+    Piece("tensor parallelism", "ch10_beyond_one_device", ("shard_linear", "parallel_mlp", "allreduce_bytes_per_step"),
+          dict(engine="paged", max_num_seqs=4, block_size=8, tensor_parallel_size=2, device="cpu", dtype="float32")),
     Piece("quantized weights", "ch11_quantized_weights", ("quantize_groups", "dequantize_groups"),
           dict(engine="paged", max_num_seqs=4, block_size=8, quantization="q4", device="cpu", dtype="float32")),
     # Quantized layers live on the CPU, so the kernel runs in Triton's interpreter there, 121
@@ -141,14 +145,21 @@ def load_functions(impl: str, piece: Piece) -> tuple[dict[str, Callable], list[s
 
 
 def _strict(name: str, fn: Callable) -> Callable:
-    def call(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except NotImplementedError as e:
-            raise _Missing(name) from e
+    return _Strict(name, fn)
 
-    call.__name__ = name
-    return call
+
+class _Strict:
+    """``fn``, with a stub's NotImplementedError turned into ``_Missing(name)``. A class, not a
+    closure, so a piece run in other processes (tensor parallelism's workers) can send it."""
+
+    def __init__(self, name: str, fn: Callable):
+        self.__name__, self.fn = name, fn
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return self.fn(*args, **kwargs)
+        except NotImplementedError as e:
+            raise _Missing(self.__name__) from e
 
 
 def _schedule(engine) -> list[tuple]:
@@ -164,7 +175,10 @@ def _run_engine(lab, options: dict, prompts: list[list[int]], classes: Sequence[
                                                priority=classes[i % len(classes)] if classes else "standard"))
             for i, (p, n) in enumerate(zip(prompts, [min(n, max_tokens or n) for n in OUTPUT_LENS]))]
     t0 = time.perf_counter()
-    outs = eng.run(reqs)
+    try:
+        outs = eng.run(reqs)
+    finally:
+        eng.close()  # a tensor-parallel engine's workers stop now, not at garbage collection
     wall = time.perf_counter() - t0
     bm = eng.scheduler.block_manager
     try:

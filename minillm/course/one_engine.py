@@ -60,9 +60,11 @@ SERVER_QUESTION = "Name the largest planet of the solar system."
 SERVER_MAX_TOKENS = 12
 
 # The seams this engine exercises; static_schedule and schedule_step belong to the other
-# engines, chapter 11's to a quantized engine whose learner's paths are slow (a dequantized
-# weight per call, a kernel in Triton's interpreter): their own rows of the capstone.
-OTHER_ENGINES = ("static_schedule", "schedule_step", "quantize_groups", "dequantize_groups", "int8_gemv_triton")
+# engines, chapter 10's to an engine split over processes, chapter 11's to a quantized engine
+# whose learner's paths are slow (a dequantized weight per call, a kernel in Triton's
+# interpreter): their own rows of the capstone.
+OTHER_ENGINES = ("static_schedule", "schedule_step", "shard_linear", "parallel_mlp", "allreduce_bytes_per_step",
+                 "quantize_groups", "dequantize_groups", "int8_gemv_triton")
 
 
 @dataclass
@@ -266,8 +268,9 @@ def format_report(yours: AllRun, library: AllRun, checks: list[Check], missing: 
         lines += [f"still to write in exercises/{ch}.py (the library's code ran in their place): {', '.join(names)}"
                   for ch, names in missing.items()]
     lines.append("\nnot in this engine: static_schedule (ch01) and schedule_step (ch02) schedule the static and "
-                 "continuous engines, greedy_generate (ch00) is a decode loop of its own, and chapter 11's pieces "
-                 "serve a quantized engine: python -m minillm capstone runs them")
+                 "continuous engines, greedy_generate (ch00) is a decode loop of its own, chapter 10's pieces "
+                 "split an engine over processes and chapter 11's serve a quantized engine: python -m minillm "
+                 "capstone runs them")
     return "\n".join(lines)
 
 

@@ -54,7 +54,8 @@ class TensorParallelRunner:
         self.graphs = None  # no CUDA graphs across processes (EngineConfig refuses them)
         self.error: str | None = None  # set when the ranks stopped for good
         self.threads = threads or max(1, (os.cpu_count() or 1) // world_size)
-        if self.device.type == "cpu":
+        self._threads_before = torch.get_num_threads()
+        if self.device.type == "cpu":  # this process is rank 0: its share of the cores, until close()
             torch.set_num_threads(self.threads)
         plugged = _plugged_for_workers()
         store = make_store(0, world_size)
@@ -154,12 +155,14 @@ class TensorParallelRunner:
         if self.error is None:
             self.error = "closed"
         self._finalizer()
+        torch.set_num_threads(self._threads_before)
 
     def _fail(self, e: BaseException) -> None:
         dead = [f"rank {i + 1} (exit code {p.exitcode})" for i, p in enumerate(self.procs) if not p.is_alive()]
         self.error = (f"worker {', '.join(dead)} died" if dead else f"a step failed on rank 0: {type(e).__name__}")
         _stop_workers(self.procs, None)  # no stop message: the ranks may be inside different collectives
         self._finalizer.detach()
+        torch.set_num_threads(self._threads_before)
         if dead and not isinstance(e, KeyboardInterrupt):
             raise RuntimeError(f"tensor-parallel {self.error} in the middle of a step; the other workers were "
                                f"stopped. Build a new LLM to go on.") from e

@@ -84,7 +84,7 @@ def allreduce_bytes_per_step(num_layers: int, hidden_size: int, num_tokens: int,
     for name, v in (("num_layers", num_layers), ("hidden_size", hidden_size), ("num_tokens", num_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
-    if isinstance(dtype_bytes, bool) or dtype_bytes not in (1, 2, 4, 8):
+    if isinstance(dtype_bytes, bool) or not isinstance(dtype_bytes, int) or dtype_bytes not in (1, 2, 4, 8):
         raise ValueError(f"dtype_bytes must be 1, 2, 4 or 8, got {dtype_bytes!r}")
     return 2 * num_layers * hidden_size * num_tokens * dtype_bytes
 
