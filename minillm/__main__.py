@@ -26,6 +26,8 @@ def _generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, help="float32, float16 or bfloat16 (default by device)")
     p.add_argument("--quantization", default=None, choices=["int8", "q4"],
                    help="weight-only quantization of the linear layers and LM head (CPU, float32)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="split every layer over this many processes on torch.distributed (default 1)")
     p.add_argument("--stats", action="store_true", help="print TTFT and tokens/s to stderr at the end")
     return p
 
@@ -43,7 +45,8 @@ def generate(argv: list[str]) -> int:
 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_tokens=args.max_tokens, seed=args.seed)
-    llm = LLM(model=args.model, device=args.device, dtype=args.dtype, quantization=args.quantization)
+    llm = LLM(model=args.model, device=args.device, dtype=args.dtype, quantization=args.quantization,
+              tensor_parallel_size=args.tensor_parallel_size)
     engine = llm.engine
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])

@@ -184,10 +184,15 @@ def run_minillm(engine: str | EngineConfig, workload: Workload, weights, tokeniz
     eng.step_records.clear()
     if eng.speculator is not None:
         eng.speculator.reset_stats()
+    if hasattr(eng.runner, "reset_counts"):  # tensor parallel: count the workload's steps only
+        eng.runner.reset_counts()
     start = time.perf_counter()
     reqs = [eng.make_request(r.prompt_token_ids, r.sampling_params(), arrival_time=start + r.arrival_time,
                              request_id=r.request_id) for r in workload]
-    outs = eng.run(reqs, use_tqdm=progress)
+    try:
+        outs = eng.run(reqs, use_tqdm=progress)
+    finally:
+        eng.close()  # a tensor-parallel engine's workers stop here
     result = RunResult(cfg.engine, [r.metrics for r in reqs], [o.token_ids for o in outs], list(eng.step_records), start,
                        max(r.metrics.finish_time for r in reqs), cfg.max_num_seqs, eng.resolved.kv_cache_bytes,
                        [r.num_prompt_tokens for r in reqs])
@@ -231,6 +236,9 @@ def run_extra(eng) -> dict[str, Any]:
         out["quantization"] = rc.quantization
     if rc.engine == "paged":
         out.update(block_size=rc.block_size, num_blocks=rc.num_blocks)
+    counts = getattr(eng.runner, "counts", None)
+    if counts is not None:  # tensor parallel: rank 0's step time split into compute and communication
+        out["tensor_parallel"] = counts()
     return out
 
 
@@ -290,7 +298,8 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                   scheduling_policy: str = "fcfs", queue_timeouts: dict | None = None,
                   dtype: str | None = None, threads: int | None = None,
                   vllm_enforce_eager: bool = False, compile: bool = False,
-                  quantization: str | None = None, llamacpp_parallel: int | None = None) -> list[RunResult]:
+                  quantization: str | None = None, llamacpp_parallel: int | None = None,
+                  tensor_parallel_size: int = 1) -> list[RunResult]:
     """Run ``engines`` one after the other on ``workload`` in this process (vllm, llamacpp in a subprocess).
 
     ``speculative`` (the ``LLM(speculative=...)`` dict), ``enable_prefix_caching`` and
@@ -299,7 +308,9 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
     ``compile``: every minillm engine runs its steps as one compiled graph (``EngineConfig.compile``);
     its warm-up request compiles it, outside the measurement. ``quantization``: every minillm
     engine's weights (``EngineConfig.quantization``; the baselines keep float weights).
-    ``llamacpp_parallel``: llama.cpp's parallel slots (None: $MINILLM_LLAMACPP_PARALLEL, else 1)."""
+    ``llamacpp_parallel``: llama.cpp's parallel slots (None: $MINILLM_LLAMACPP_PARALLEL, else 1).
+    ``tensor_parallel_size``: every minillm engine split over that many processes
+    (``EngineConfig.tensor_parallel_size``)."""
     from minillm import loader
 
     check_settings(max_num_seqs, max_num_batched_tokens, max_model_len, None)
@@ -329,7 +340,7 @@ def run_benchmark(engines: Sequence[str], workload: Workload, *, max_num_seqs: i
                                   enable_prefix_caching=enable_prefix_caching and name == "paged",
                                   scheduling_policy=scheduling_policy if name == "paged" else "fcfs",
                                   queue_timeouts=queue_timeouts, compile=compile, quantization=quantization,
-                                  **paged_options(name, block_size, num_blocks, attention_backend))
+                                  tensor_parallel_size=tensor_parallel_size, **paged_options(name, block_size, num_blocks, attention_backend))
                for name in MINILLM_ENGINES}
     mcfg = ModelConfig()
     for name in engines:
@@ -467,6 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--llamacpp-parallel", type=int, default=None, metavar="P",
                    help="llama.cpp's parallel slots, as llama-server -np P: continuous batching of P sequences "
                         "(default: $MINILLM_LLAMACPP_PARALLEL, else 1, one request at a time)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="minillm engines split over N processes on torch.distributed (gloo on the CPU): "
+                        "each rank runs on the cores / N threads")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     g = p.add_argument_group("paged KV cache")
@@ -602,7 +616,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 scheduling_policy=args.scheduling_policy, queue_timeouts=timeouts,
                                 dtype=args.dtype, threads=args.threads,
                                 vllm_enforce_eager=args.vllm_enforce_eager, compile=args.compile,
-                                quantization=args.quantization, llamacpp_parallel=llama_slots)
+                                quantization=args.quantization, llamacpp_parallel=llama_slots,
+                                tensor_parallel_size=args.tensor_parallel_size)
     except ValueError as e:
         parser.error(str(e))
     except (VllmFailed, LlamaCppFailed) as e:

@@ -330,6 +330,7 @@ class AsyncLLM:
         for stream in list(self._streams.values()):
             self._abort_stream(stream)
         self.encoder.close()
+        self.engine.close()  # a tensor-parallel engine's workers
 
     def __enter__(self) -> "AsyncLLM":
         return self

@@ -90,6 +90,8 @@ def _serve_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default=None, help="float32, float16 or bfloat16 (default by device)")
     e.add_argument("--quantization", default=None, choices=["int8", "q4"],
                    help="weight-only quantization of the linear layers and LM head (CPU, float32)")
+    e.add_argument("--tensor-parallel-size", type=int, default=None,
+                   help="split every layer over this many processes on torch.distributed (default 1)")
     e.add_argument("--max-model-len", type=int, default=2048,
                    help="longest prompt + output in tokens (default 2048; the model allows 8192)")
     e.add_argument("--max-num-seqs", type=int, default=None, help="most requests in one batch (default 8)")
@@ -121,7 +123,7 @@ def engine_kwargs_from_args(args: Any) -> dict[str, Any]:
     """The ``LLM(...)`` options a parsed ``serve`` command line asks for (unset flags left out)."""
     kw: dict[str, Any] = {"engine": args.engine, "max_model_len": args.max_model_len}
     for name in ("model", "device", "dtype", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks",
-                 "seed", "scheduling_policy", "quantization"):
+                 "seed", "scheduling_policy", "quantization", "tensor_parallel_size"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
     if args.enable_chunked_prefill:
