@@ -53,20 +53,29 @@ def mine(chapter: str, name: str) -> Callable[..., Any]:
     if own is None:
         print(f"{package}/{chapter}.py has no {name}(): using the reference answer")
         own = ref
+    return Mine(package, chapter, name, own, ref)
 
-    @functools.wraps(ref)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if call.source.endswith("(fallback)"):
-            return ref(*args, **kwargs)
+
+class Mine:
+    """What ``mine`` returns: the learner's function, the reference answer in its place once
+    it raises NotImplementedError. A class, not a closure: an engine that runs the seam in
+    other processes (chapter 10's tensor-parallel workers) can send it there, the two
+    functions by reference to their modules."""
+
+    def __init__(self, package: str, chapter: str, name: str, own: Callable, ref: Callable):
+        self.package, self.chapter, self.name, self.own, self.ref = package, chapter, name, own, ref
+        self.source = package
+        functools.update_wrapper(self, ref)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.source.endswith("(fallback)"):
+            return self.ref(*args, **kwargs)
         try:
-            return own(*args, **kwargs)
+            return self.own(*args, **kwargs)
         except NotImplementedError:
-            print(f"{package}/{chapter}.py::{name} is not written yet: this run uses the reference answer")
-            call.source = "solutions (fallback)"
-            return ref(*args, **kwargs)
-
-    call.source = package
-    return call
+            print(f"{self.package}/{self.chapter}.py::{self.name} is not written yet: this run uses the reference answer")
+            self.source = "solutions (fallback)"
+            return self.ref(*args, **kwargs)
 
 
 def is_stub(fn: Callable) -> bool:
