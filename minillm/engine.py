@@ -348,11 +348,23 @@ def _tensor_parallel_engine(config: EngineConfig, rc, mcfg: ModelConfig, weights
                             scheduler) -> LLMEngine:
     """The engine of ``tensor_parallel_size=N``: rank 0's runner (``distributed/runner.py``)
     starts N - 1 worker processes; scheduler, sampler and drafter stay in this process."""
-    from .distributed.runner import TensorParallelRunner
+    from .distributed.group import torchrun_rank
+    from .distributed.runner import TensorParallelRunner, serve_torchrun_rank
     from .distributed.sharding import check_tensor_parallel
 
     n, place = config.tensor_parallel_size, rc.placement
     check_tensor_parallel(mcfg, n)
+    launched = torchrun_rank()
+    if launched is not None:  # every process of a torchrun launch runs this; rank 0 goes on as the engine
+        rank, world = launched
+        if world != n:
+            raise ValueError(f"torchrun started {world} processes but tensor_parallel_size={n}: start {n} "
+                             f"(--nnodes x --nproc-per-node)")
+        if rank != 0:
+            serve_torchrun_rank(rank, mcfg, weights, n, rc.num_blocks, rc.block_size, place.device, place.dtype,
+                                place.attention_backend, rc.pack_weights,
+                                config.cpu_threads if isinstance(config.cpu_threads, int) else None)
+            raise SystemExit(0)  # rank 0 has closed its engine: this worker's work is done
     if place.device.type == "cuda" and n > torch.cuda.device_count():
         raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs (one a rank), but {torch.cuda.device_count()} "
                          f"are visible: lower it, or set CUDA_VISIBLE_DEVICES")

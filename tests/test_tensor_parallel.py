@@ -7,6 +7,7 @@ spends its time starting processes, not computing.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -209,3 +210,42 @@ def test_no_orphan_workers_when_the_engine_process_dies(how, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_all_reduce_timing_leaves_the_step_counts_alone():
+    eng = engine(2)
+    try:
+        generate(eng, PROMPTS[:1], max_tokens=3)
+        before = eng.runner.counts()
+        seconds = eng.runner.time_all_reduce(TINY.hidden_size, calls=20)
+        assert 0 < seconds < 1
+        assert eng.runner.counts() == before
+        assert generate(eng, PROMPTS[:1], max_tokens=3)  # the ranks are still in step
+    finally:
+        eng.close()
+
+
+_TORCHRUN_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, {tests!r})
+    from test_tensor_parallel import engine, generate, PROMPTS
+    eng = engine(2)  # ranks 1..N-1 serve inside this call and exit when rank 0 closes
+    assert os.environ["RANK"] == "0" and not eng.runner.procs
+    print("TOKENS " + json.dumps(generate(eng, PROMPTS)), flush=True)
+    eng.close()
+""")
+
+
+def test_torchrun_starts_the_ranks_instead_of_the_engine(tmp_path):
+    """``torchrun --nproc-per-node 2 script.py``: every process runs the same script; rank 1
+    serves inside ``LLM(...)``, rank 0 is the engine. (Across machines: --nnodes, not tested here.)"""
+    script = tmp_path / "tp_torchrun.py"
+    script.write_text(_TORCHRUN_SCRIPT.format(tests=os.path.dirname(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+               OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script)], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("TOKENS "))
+    alone = engine(1)
+    assert json.loads(line[len("TOKENS "):]) == generate(alone, PROMPTS)

@@ -12,6 +12,7 @@ the bytes on the wire.
 from __future__ import annotations
 
 import datetime
+import os
 import pickle
 import time
 
@@ -28,6 +29,21 @@ def make_store(rank: int, world_size: int, port: int = 0, host: str = "127.0.0.1
     ``store.port``); the other ranks connect to it."""
     return dist.TCPStore(host, port, world_size, rank == 0, timeout=datetime.timedelta(seconds=TIMEOUT_S),
                          wait_for_workers=False)
+
+
+def torchrun_rank() -> tuple[int, int] | None:
+    """(rank, world size) when ``torchrun`` started this process, else None."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return None
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def torchrun_store(world_size: int) -> dist.Store:
+    """The store torchrun's agent hosts at MASTER_ADDR:MASTER_PORT, every rank a client of it,
+    under a prefix of this engine's own."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, False,
+                          timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    return dist.PrefixStore("minillm-tp", store)
 
 
 class Communicator:

@@ -34,7 +34,7 @@ from .. import seams
 from ..config import ModelConfig
 from ..model_runner import ModelOutput, allocate_kv_cache, batch_from_plan, kv_cache_bytes, plan_batch
 from ..scheduler.output import SchedulerOutput
-from .group import Communicator, make_store
+from .group import Communicator, make_store, torchrun_rank, torchrun_store
 from .parallel_model import build_parallel_model
 from .sharding import allreduce_bytes_per_step, check_tensor_parallel, shard_weights
 
@@ -58,10 +58,11 @@ class TensorParallelRunner:
         if self.device.type == "cpu":  # this process is rank 0: its share of the cores, until close()
             torch.set_num_threads(self.threads)
         plugged = _plugged_for_workers()
-        store = make_store(0, world_size)
+        self.torchrun = torchrun_rank() is not None  # the other ranks were started by torchrun, not here
+        store = torchrun_store(world_size) if self.torchrun else make_store(0, world_size)
         ctx = torch.multiprocessing.get_context("spawn")
         self.procs = []
-        for rank in range(1, world_size):
+        for rank in range(1, 1 if self.torchrun else world_size):
             dev = str(_rank_device(self.device, rank))
             p = ctx.Process(target=_worker_entry, daemon=True, name=f"minillm-tp-rank{rank}",
                             args=(rank, world_size, store.port, cfg, shard_weights(cfg, weights, world_size, rank), dev,
@@ -127,6 +128,26 @@ class TensorParallelRunner:
         row = ScheduledRequest(req, 1, spec_token_ids=[int(t) for t in token_ids[1:]])
         return self.execute(SchedulerOutput([row])).logits
 
+    def time_all_reduce(self, numel: int, calls: int = 200) -> float:
+        """Seconds per all-reduce of ``numel`` float32 numbers among the ranks with nothing else
+        running: the collective's own cost (a step's all-reduce time adds the waits for the
+        slower rank). Counted apart from the steps' counts."""
+        from .worker import time_all_reduce
+
+        if self.error is not None:
+            raise RuntimeError(f"this tensor-parallel engine has stopped ({self.error}); build a new LLM")
+        saved = (self.comm.all_reduce_calls, self.comm.all_reduce_bytes, self.comm.all_reduce_seconds,
+                 self.comm.broadcast_seconds)
+        try:
+            self.comm.broadcast_object(("all_reduce", numel, calls))
+            return time_all_reduce(self.comm, numel, calls)
+        except BaseException as e:
+            self._fail(e)
+            raise
+        finally:
+            (self.comm.all_reduce_calls, self.comm.all_reduce_bytes, self.comm.all_reduce_seconds,
+             self.comm.broadcast_seconds) = saved
+
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         raise ValueError("CUDA graphs do not span processes: tensor_parallel_size > 1 runs every step eagerly")
 
@@ -155,6 +176,7 @@ class TensorParallelRunner:
         if self.error is None:
             self.error = "closed"
         self._finalizer()
+        self.store = None
         torch.set_num_threads(self._threads_before)
 
     def _fail(self, e: BaseException) -> None:
@@ -169,14 +191,33 @@ class TensorParallelRunner:
 
     def _wait_ready(self, store) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        for rank, p in enumerate(self.procs, start=1):
+        for rank in range(1, self.world_size):
+            p = self.procs[rank - 1] if self.procs else None  # None: torchrun started it
             while not store.check([f"ready/{rank}"]):
-                if not p.is_alive() or time.monotonic() > deadline:
-                    why = f"exited with code {p.exitcode}" if not p.is_alive() else "did not start in time"
+                if (p is not None and not p.is_alive()) or time.monotonic() > deadline:
+                    why = f"exited with code {p.exitcode}" if p is not None and not p.is_alive() else "did not start in time"
                     _stop_workers(self.procs, None)
                     raise RuntimeError(f"tensor-parallel worker rank {rank} {why} while building its shard "
                                        f"(its error is printed above)")
                 time.sleep(0.02)
+
+
+def serve_torchrun_rank(rank: int, cfg: ModelConfig, weights: dict[str, torch.Tensor], world_size: int,
+                        num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype,
+                        attention_backend: str, pack_weights: bool, threads: int | None = None) -> None:
+    """Rank ``rank`` > 0 of a torchrun launch: serve rank 0's steps until it stops (then return).
+
+    Every process of the launch runs the same script; its ``LLM(tensor_parallel_size=N)``
+    comes here on ranks 1..N-1 (each cuts its own shard from weights it loaded itself) and
+    the process exits when rank 0 closes its engine (``engine.build_engine``)."""
+    from .worker import serve
+
+    check_tensor_parallel(cfg, world_size)
+    dev = str(torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if torch.device(device).type == "cuda"
+              else device)
+    serve(rank, world_size, torchrun_store(world_size), cfg, shard_weights(cfg, weights, world_size, rank), dev,
+          dtype, attention_backend, pack_weights, num_blocks, block_size,
+          threads or max(1, (os.cpu_count() or 1) // world_size), _plugged_for_workers())
 
 
 def _worker_entry(*args) -> None:
@@ -220,3 +261,5 @@ def _stop_workers(procs: list, comm: Communicator | None) -> None:
         if p.is_alive():
             p.kill()
             p.join(timeout=5)
+    if comm is not None:
+        comm.group = None  # the process group goes now, not in the interpreter's teardown
