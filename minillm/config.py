@@ -134,6 +134,9 @@ class SpeculativeConfig:
       recent acceptance is above 0.8, down below 0.5.
     * ``disable_by_batch_size``: speculate only while fewer requests than this are
       running (None: always). A saturated device has no idle compute to verify with.
+    * ``draft_process``: the drafter runs in a process of its own and drafts the next
+      step's proposal while the target verifies this one (``spec_decode/pipeline.py``).
+      Outputs are the same token for token; only the speed changes.
     """
 
     method: str
@@ -145,6 +148,7 @@ class SpeculativeConfig:
     adaptive: bool = False
     disable_by_batch_size: int | None = 4
     quantization: str | None = None
+    draft_process: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:

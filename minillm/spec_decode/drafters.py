@@ -188,7 +188,14 @@ class ModelDrafter:
 
 def build_drafter(spec: SpeculativeConfig, target: nn.Module, num_blocks: int, block_size: int,
                   device: torch.device, dtype: torch.dtype) -> Any:
-    """The drafter ``spec`` asks for, checked against the target (layers, vocabulary)."""
+    """The drafter ``spec`` asks for, checked against the target (layers, vocabulary); with
+    ``spec.draft_process``, that drafter running in a process of its own (``pipeline.DraftProcess``)."""
+    if spec.draft_process:
+        from .pipeline import DraftProcess
+
+        inner = build_drafter(dataclasses.replace(spec, draft_process=False), target, num_blocks, block_size,
+                              device, dtype)
+        return DraftProcess(inner, spec.num_speculative_tokens)
     if spec.method == "ngram":
         return NgramDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max)
     if spec.draft_layers is not None:
