@@ -185,13 +185,13 @@ def verdict(rows: list[dict[str, Any]], num_speculative_tokens: int = 4) -> str:
     ins = {(r["drafter"], r["batch"]): r for r in rows if r["place"] == "in"}
 
     def where(rs):
-        return ", ".join(f"{r['drafter']} batch {r['batch']} (x{r['ratio']:.2f})" for r in rs) or "nowhere"
+        return "at " + ", ".join(f"{r['drafter']} batch {r['batch']} (x{r['ratio']:.2f})" for r in rs) if rs else "nowhere"
 
     pays = [r for r in own if r["ratio_min"] > 1 + NOISE]
     loses = [r for r in own if r["ratio_max"] < 1 - NOISE]
     even = [r for r in own if r not in pays and r not in loses]
-    parts = [f"Own process vs in-process tokens/s: pays at {where(pays)}; loses at {where(loses)}; "
-             f"no difference beyond the noise (+-{NOISE:.0%} and the rounds' spread) at {where(even)}."]
+    parts = [f"Own process vs in-process tokens/s: pays {where(pays)}; loses {where(loses)}; "
+             f"no difference beyond the noise (+-{NOISE:.0%} and the rounds' spread) {where(even)}."]
     k = num_speculative_tokens
     for name in dict.fromkeys(r["drafter"] for r in own):
         # the batch with the most drafting to hide
