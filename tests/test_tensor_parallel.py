@@ -249,3 +249,23 @@ def test_torchrun_starts_the_ranks_instead_of_the_engine(tmp_path):
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("TOKENS "))
     alone = engine(1)
     assert json.loads(line[len("TOKENS "):]) == generate(alone, PROMPTS)
+
+
+def test_bench_runs_tensor_parallel_engines(tmp_path):
+    """``bench --tensor-parallel-size 2``: every minillm engine split over two processes, the
+    same tokens as one process, rank 0's compute/communication split in the JSON."""
+    from minillm.bench import compare
+
+    common = ["--engine", "paged,continuous", "--dummy-weights", "--workload", "uniform", "--num-requests", "3",
+              "--workload-param", "prompt_len=8", "--workload-param", "output_len=4", "--max-num-seqs", "2",
+              "--max-model-len", "64", "--no-progress"]
+    one, two = tmp_path / "tp1.json", tmp_path / "tp2.json"
+    assert compare.main(common + ["--json", str(one)]) == 0
+    assert compare.main(common + ["--tensor-parallel-size", "2", "--json", str(two)]) == 0
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    for name in ("paged", "continuous"):
+        assert b[name]["same_tokens_as"]["fraction"] == 1.0
+        assert a[name]["output_tokens"] == b[name]["output_tokens"]
+        split = b[name]["tensor_parallel"]
+        assert split["world_size"] == 2 and split["all_reduce_bytes"] == split["formula_bytes"] > 0
+    assert not any(p.name.startswith("minillm-tp") for p in __import__("multiprocessing").active_children())
