@@ -334,14 +334,19 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
                max_model_len=rc.max_model_len, progress=True, quantization=rc.quantization)
     if config.cuda_graphs:  # validated by resolve(): CUDA and the Triton backend
         runner.capture_cuda_graphs(rc.max_num_seqs, rc.max_model_len)
-    speculator = None
-    if config.speculative is not None:
-        from .spec_decode.drafters import build_drafter
-        from .spec_decode.speculator import Speculator
+    return LLMEngine(config, rc, mcfg, tokenizer, scheduler, runner, _speculator(config, rc, model))
 
-        drafter = build_drafter(config.speculative, model, rc.num_blocks, rc.block_size, place.device, place.dtype)
-        speculator = Speculator(config.speculative, drafter)
-    return LLMEngine(config, rc, mcfg, tokenizer, scheduler, runner, speculator)
+
+def _speculator(config: EngineConfig, rc, target):
+    """The speculator of ``config.speculative`` drafting for ``target`` (None: no speculation)."""
+    if config.speculative is None:
+        return None
+    from .spec_decode.drafters import build_drafter
+    from .spec_decode.speculator import Speculator
+
+    place = rc.placement
+    drafter = build_drafter(config.speculative, target, rc.num_blocks, rc.block_size, place.device, place.dtype)
+    return Speculator(config.speculative, drafter)
 
 
 def _tensor_parallel_engine(config: EngineConfig, rc, mcfg: ModelConfig, weights: dict, tokenizer,
@@ -371,18 +376,11 @@ def _tensor_parallel_engine(config: EngineConfig, rc, mcfg: ModelConfig, weights
     threads = config.cpu_threads if isinstance(config.cpu_threads, int) else None  # None: the cores / N
     runner = TensorParallelRunner(mcfg, weights, n, rc.num_blocks, rc.block_size, place.device, place.dtype,
                                   place.attention_backend, rc.pack_weights, threads)
-    speculator = None
-    if config.speculative is not None:
-        from .spec_decode.drafters import build_drafter
-        from .spec_decode.speculator import Speculator
-
-        # The drafter runs whole on rank 0: a self-draft takes its layers from an unsplit copy.
-        spec = config.speculative
-        target = (build_model(mcfg, weights, place.device, place.dtype, place.attention_backend, False)
-                  if spec.method == "model" else runner.model)
-        drafter = build_drafter(spec, target, rc.num_blocks, rc.block_size, place.device, place.dtype)
-        speculator = Speculator(spec, drafter)
-    return LLMEngine(config, rc, mcfg, tokenizer, scheduler, runner, speculator)
+    # The drafter runs whole on rank 0: a self-draft takes its layers from an unsplit copy.
+    spec = config.speculative
+    target = (build_model(mcfg, weights, place.device, place.dtype, place.attention_backend, False)
+              if spec is not None and spec.method == "model" else runner.model)
+    return LLMEngine(config, rc, mcfg, tokenizer, scheduler, runner, _speculator(config, rc, target))
 
 
 def _gguf_present(path) -> bool:

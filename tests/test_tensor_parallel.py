@@ -269,3 +269,17 @@ def test_bench_runs_tensor_parallel_engines(tmp_path):
         split = b[name]["tensor_parallel"]
         assert split["world_size"] == 2 and split["all_reduce_bytes"] == split["formula_bytes"] > 0
     assert not any(p.name.startswith("minillm-tp") for p in __import__("multiprocessing").active_children())
+
+
+@pytest.mark.parametrize("spec", [dict(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1),
+                                  dict(method="model", draft_layers=[0], num_speculative_tokens=2)])
+def test_speculation_on_a_split_target_keeps_the_tokens(spec):
+    """The drafter runs whole on rank 0 (a self-draft from an unsplit copy); verification on
+    the split target: greedy tokens are the plain engine's."""
+    want = generate(engine(1), PROMPTS)
+    eng = engine(2, speculative=dict(spec, disable_by_batch_size=None))
+    try:
+        assert generate(eng, PROMPTS) == want
+        assert eng.spec_stats.as_dict()["num_drafts"] > 0
+    finally:
+        eng.close()

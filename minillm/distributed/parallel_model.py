@@ -22,7 +22,7 @@ from .. import seams
 from ..config import ModelConfig
 from ..model import Llama, build_model
 from .group import Communicator
-from .sharding import local_config, parallel_mlp
+from .sharding import local_config
 
 
 def _dense(linear: nn.Module) -> torch.Tensor:
@@ -55,7 +55,7 @@ class ParallelMLP(nn.Module):
         mine = seams.plugged("parallel_mlp")
         if mine is not None:
             return mine(x, _dense(self.gate_up_proj), _dense(self.down_proj.linear), self.comm.all_reduce)
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # the library's parallel_mlp, on packed weights
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # sharding.parallel_mlp's math, on the (packed) modules
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -70,5 +70,3 @@ def build_parallel_model(cfg: ModelConfig, shard: dict[str, torch.Tensor], comm:
         layer.mlp = ParallelMLP(layer.mlp, comm)
     return model
 
-
-__all__ = ["AllReduced", "ParallelMLP", "build_parallel_model", "parallel_mlp"]

@@ -62,7 +62,7 @@ def shard_linear(weight: torch.Tensor, sizes: list[int], rank: int, parallel: st
         raise ValueError(f"sizes {sizes} sum to {sum(sizes)}, but a {parallel}-parallel split cuts dimension "
                          f"{dim} of length {weight.shape[dim]}")
     start = sum(sizes[:rank])
-    return weight.narrow(dim, start, sizes[rank]).contiguous().clone()
+    return weight.narrow(dim, start, sizes[rank]).clone(memory_format=torch.contiguous_format)  # one copy
 
 
 def parallel_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
