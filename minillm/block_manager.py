@@ -45,11 +45,13 @@ A hit on an evictable block takes it back out of the pool.
 from __future__ import annotations
 
 import operator
+import time
 from collections import OrderedDict, deque
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Sequence
 
 from minillm import seams
+from minillm.kv_offload import HostHit, HostTier, KVCopies
 
 ROOT_HASH = 0  # the "parent hash" of a prompt's first block (a fixed int: hash(None) varies by run)
 
@@ -179,11 +181,14 @@ class BlockAllocator:
         self.num_blocks = num_blocks
         self.free_ids: deque[int] = deque(range(num_blocks))
         self.ref_counts = [0] * num_blocks
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, count 0, LRU first
+        self.evictable: OrderedDict[int, float] = OrderedDict()  # cached, count 0, LRU first -> when freed
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # what a hashed block holds
         self.cached: dict[int, int] = {}  # hash -> block id
         self.num_evictions = 0
+        self.clock: Callable[[], float] = time.perf_counter  # stamps a block entering the evictable pool
+        # Called as on_evict(block, hash, tokens) before an evicted block forgets its hash (the host tier).
+        self.on_evict: Callable[[int, int, tuple[int, ...]], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -232,8 +237,7 @@ class BlockAllocator:
             else:
                 b = lru_victim(self.evictable)
                 del self.evictable[b]
-                self.forget(b)
-                self.num_evictions += 1
+                self.evict(b)
             self.ref_counts[b] = 1
             ids.append(b)
         return ids
@@ -275,8 +279,7 @@ class BlockAllocator:
         for b in blocks:
             if b in pool_set:
                 del self.evictable[b]
-                self.forget(b)
-                self.num_evictions += 1
+                self.evict(b)
             self.ref_counts[b] = 1
         return blocks
 
@@ -291,6 +294,15 @@ class BlockAllocator:
         self.block_hash[block_id] = block_hash
         self.block_tokens[block_id] = tuple(token_ids)
         return True
+
+    def evict(self, block_id: int) -> None:
+        """A block taken from the evictable pool for reuse: its hash is forgotten (after
+        ``on_evict`` has seen it: the host tier copies the K/V down)."""
+        h = self.block_hash[block_id]
+        if self.on_evict is not None and h is not None:
+            self.on_evict(block_id, h, self.block_tokens[block_id])
+        self.forget(block_id)
+        self.num_evictions += 1
 
     def forget(self, block_id: int) -> None:
         h = self.block_hash[block_id]
@@ -336,7 +348,7 @@ class BlockAllocator:
         self.ref_counts[block_id] -= 1
         if self.ref_counts[block_id] == 0:
             if self.block_hash[block_id] is not None:
-                self.evictable[block_id] = None  # most recently used: evicted last
+                self.evictable[block_id] = self.clock()  # most recently used: evicted last
             else:
                 self.free_ids.append(block_id)
 
@@ -378,7 +390,7 @@ def _short(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit - 5] + " ...]"
 
 
-def lru_victim(evictable: "OrderedDict[int, None]") -> int:
+def lru_victim(evictable: "OrderedDict[int, float]") -> int:
     """The evictable block to reuse next: the least recently freed (the front of the pool).
 
     A block freed last is the likeliest to be asked for again (the prompt of a
@@ -416,6 +428,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self._hashes: dict[Any, list[int]] = {}  # request -> chained hashes of its full blocks so far
         self._num_registered: dict[Any, int] = {}  # request -> leading blocks already offered to the cache
+        self.host: HostTier | None = None  # the host KV tier (kv_offload), set by enable_host_tier
 
     @property
     def num_blocks(self) -> int:
@@ -443,6 +456,37 @@ class BlockManager:
     @property
     def num_evictions(self) -> int:
         return self.allocator.num_evictions
+
+    # -- the host tier (kv_offload, chapter 9) ---------------------------------------
+    def enable_host_tier(self, host: HostTier) -> None:
+        """Keep evicted and idle prefix blocks in ``host`` (needs prefix caching)."""
+        if not self.enable_prefix_caching:
+            raise ValueError("a host KV tier keeps prefix-cache blocks: enable prefix caching "
+                             "(enable_prefix_caching=True) to use kv_offload")
+        self.host = host
+        self.allocator.on_evict = self._offload_evicted
+
+    def _offload_evicted(self, block: int, block_hash: int, tokens: tuple[int, ...]) -> None:
+        self.host.cancel_restores_into(block)  # reused before its restore ran: nobody will read it
+        self.host.offload(block, block_hash, tokens)
+
+    def offload_idle(self, now: float) -> int:
+        """Queue host copies of the evictable blocks idle since ``now - idle_s`` or longer
+        (those the host does not hold yet). Returns how many copies were queued."""
+        host = self.host
+        if host is None:
+            return 0
+        a, since_max, queued = self.allocator, now - host.idle_s, 0
+        for b, since in a.evictable.items():  # least recently freed first: the idle ones lead
+            if since is None or since > since_max:
+                break
+            if not host.holds(a.block_hash[b]):
+                queued += host.offload(b, a.block_hash[b], a.block_tokens[b], idle=True)
+        return queued
+
+    def take_kv_copies(self) -> KVCopies:
+        """The copies between the tiers owed so far (to make before the next forward writes K/V)."""
+        return KVCopies() if self.host is None else self.host.take_copies()
 
     # -- prefix caching -------------------------------------------------------------
     def _request_hashes(self, request: Any, num_blocks: int) -> list[int]:
@@ -477,6 +521,26 @@ class BlockManager:
             if b is None or a.block_tokens[b] != block:
                 break
             hit.append(b)
+        return self._extend_from_host(request, hit, max_blocks)
+
+    def _extend_from_host(self, request: Any, hit: list, max_blocks: int) -> list:
+        """``hit`` (device blocks) continued past its end by the blocks either tier holds:
+        a device block where the device has it, else a ``HostHit`` (restored on admission)."""
+        host = self.host
+        if host is None or len(hit) >= max_blocks:
+            return hit
+        a, bs, tokens = self.allocator, self.block_size, request.all_token_ids
+        hashes = block_hashes(tokens, bs, max_blocks)
+        for i in range(len(hit), max_blocks):
+            block = tuple(tokens[i * bs:(i + 1) * bs])
+            b = a.cached.get(hashes[i])
+            if b is not None and a.block_tokens[b] == block:
+                hit.append(b)
+                continue
+            hb = host.lookup(hashes[i], block)
+            if hb is None:
+                break
+            hit.append(HostHit(hb))
         return hit
 
     def _lookup_plugged(self, mine: Callable, request: Any, max_blocks: int) -> list[int]:
@@ -511,13 +575,14 @@ class BlockManager:
                                  f"block does not hold the prompt's block {i} (which {truth}); got {_short(hit)}")
             if a.block_tokens[b] != tuple(tokens[i * bs:(i + 1) * bs]):
                 return hit[:i]  # a hash collision: a miss, never wrong K/V
-        return hit
+        return self._extend_from_host(request, hit, max_blocks)
 
     def can_share_prefix(self, request: Any, hit: list[int], num_tokens: int, admit: bool = True) -> bool:
         """``can_grow`` for a request about to share the cached blocks ``hit``: the hits it
         takes out of the evictable pool leave the free blocks as surely as new ones."""
-        need = max(blocks_needed(num_tokens, self.block_size) - len(hit), 0)
-        from_pool = sum(1 for b in hit if self.allocator.ref_counts[b] == 0)
+        on_device = [b for b in hit if not isinstance(b, HostHit)]  # a host hit takes a fresh block
+        need = max(blocks_needed(num_tokens, self.block_size) - len(on_device), 0)
+        from_pool = sum(1 for b in on_device if self.allocator.ref_counts[b] == 0)
         reserve = self.watermark_blocks if admit and self.tables else 0
         return need + from_pool + reserve <= self.allocator.num_free
 
@@ -525,8 +590,23 @@ class BlockManager:
         """Start ``request``'s table with the cached blocks ``hit`` (from ``lookup_prefix``)."""
         if request in self.tables or request.block_ids:
             raise ValueError(f"request {getattr(request, 'request_id', request)!r} already holds blocks")
+        a = self.allocator
         for b in hit:
-            self.allocator.touch(b)
+            if not isinstance(b, HostHit):
+                a.touch(b)  # first: a device hit must not be evicted by the restores' allocations
+        restored = [i for i, b in enumerate(hit) if isinstance(b, HostHit)]
+        if restored:
+            if self.host is None:
+                raise ValueError("a HostHit without a host tier")
+            for i in restored:  # else the allocation below could offload into the very host block
+                self.host.pin(hit[i].host_block)
+            hashes = self._request_hashes(request, restored[-1] + 1)
+            tokens, bs = request.all_token_ids, self.block_size
+            hit = list(hit)
+            for i, b in zip(restored, a.allocate(len(restored))):
+                a.register(b, hashes[i], tokens[i * bs:(i + 1) * bs])
+                self.host.restore(hit[i].host_block, b)
+                hit[i] = b
         request.block_ids.extend(hit)
         self.tables[request] = request.block_ids
         self._num_registered[request] = len(hit)
@@ -644,3 +724,7 @@ class BlockManager:
                 counts[b] += 1
         assert counts == self.allocator.ref_counts, "reference counts differ from the block tables"
         assert set(self._num_registered) <= set(self.tables), "cache bookkeeping of a request without blocks"
+        if self.host is not None:
+            self.host.check_invariants()
+            for d, _ in self.host.pending().ins:
+                assert self.allocator.block_hash[d] is not None, f"a restore into block {d}, which holds no hash"

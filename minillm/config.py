@@ -115,6 +115,33 @@ SPEC_METHODS = ("ngram", "model")
 MAX_SPECULATIVE_TOKENS = 16
 
 
+# The host KV tier (minillm/kv_offload.py, chapter 9): LLM(kv_offload={...}).
+KV_OFFLOAD_KEYS = {"host_blocks": "blocks of the host pool (an integer >= 1)",
+                   "idle_s": "seconds a cached block may sit idle on the device before it is copied down "
+                             "(a number >= 0, default 2.0)"}
+DEFAULT_IDLE_S = 2.0
+
+
+def check_kv_offload(options: Any) -> dict[str, Any]:
+    """``kv_offload`` with its defaults filled in; ValueError saying what to change otherwise."""
+    if not isinstance(options, dict):
+        raise ValueError(f"kv_offload must be a dict such as {{'host_blocks': 256, 'idle_s': 2.0}}, got {options!r}")
+    unknown = sorted(set(options) - set(KV_OFFLOAD_KEYS))
+    if unknown:
+        raise ValueError(f"kv_offload: unknown key(s) {', '.join(map(repr, unknown))}; valid keys: "
+                         + "; ".join(f"{k}: {why}" for k, why in KV_OFFLOAD_KEYS.items()))
+    if "host_blocks" not in options:
+        raise ValueError("kv_offload needs host_blocks, the size of the host pool in blocks, e.g. "
+                         "{'host_blocks': 256}")
+    n = options["host_blocks"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"kv_offload host_blocks must be an integer >= 1 (blocks of the host pool), got {n!r}")
+    idle = options.get("idle_s", DEFAULT_IDLE_S)
+    if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle >= 0 or idle == float("inf"):
+        raise ValueError(f"kv_offload idle_s must be a finite number of seconds >= 0, got {idle!r}")
+    return {"host_blocks": n, "idle_s": float(idle)}
+
+
 @dataclass(slots=True)
 class SpeculativeConfig:
     """Speculative decoding (paged engine only): who drafts, how many tokens, when.
@@ -227,6 +254,9 @@ class EngineConfig:
     enable_prefix_caching: bool = False  # paged: share the K/V blocks of equal prompt prefixes (chapter 6)
     scheduling_policy: str = "fcfs"  # paged: "fcfs" or "priority" (classes, queue timeouts; chapter 6)
     queue_timeouts: dict | None = None  # class -> seconds; None = DEFAULT_QUEUE_TIMEOUTS
+    # paged + prefix caching: keep evicted and idle prefix blocks in a host pool (kv_offload.py,
+    # chapter 9): {"host_blocks": N, "idle_s": 2.0}. None = no host tier.
+    kv_offload: dict | None = None
     # CPU threads: "auto" follows the cores other programs leave free (minillm/threads.py),
     # an integer fixes torch's count, None leaves it alone. Ignored on CUDA.
     cpu_threads: int | str | None = "auto"
@@ -248,6 +278,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         self._check()
         self.queue_timeouts = check_queue_timeouts(self.queue_timeouts)
+        if self.kv_offload is not None:
+            self.kv_offload = check_kv_offload(self.kv_offload)
+            if not self.enable_prefix_caching:
+                raise ValueError("kv_offload keeps prefix-cache blocks in host memory: it needs "
+                                 "enable_prefix_caching=True (and engine='paged')")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"unknown scheduling_policy {self.scheduling_policy!r}; valid policies: "
                              f"{', '.join(SCHEDULING_POLICIES)}")
@@ -255,6 +290,9 @@ class EngineConfig:
             if self.enable_prefix_caching:
                 raise ValueError(f"enable_prefix_caching shares KV blocks of the paged engine: pass engine='paged', "
                                  f"not {self.engine!r}")
+            if self.kv_offload is not None:
+                raise ValueError(f"kv_offload keeps prefix-cache blocks of the paged engine in host memory: pass "
+                                 f"engine='paged' and enable_prefix_caching=True, not engine={self.engine!r}")
             if self.scheduling_policy != "fcfs":
                 raise ValueError(f"scheduling_policy={self.scheduling_policy!r} is a policy of the paged scheduler "
                                  f"(it preempts by recompute): pass engine='paged', not {self.engine!r}")
@@ -285,7 +323,8 @@ class EngineConfig:
         _positive_int("tensor_parallel_size", self.tensor_parallel_size)
         if self.tensor_parallel_size > 1:
             for flag, why in (("compile", "a compiled graph of one process"), ("cuda_graphs", "graphs of one process"),
-                              ("quantization", "quantized kernels, which the sharded layers do not use yet")):
+                              ("quantization", "quantized kernels, which the sharded layers do not use yet"),
+                              ("kv_offload", "the copies between one process's KV cache and its host pool")):
                 if getattr(self, flag):
                     raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} runs float layers split over "
                                      f"processes; {flag}={getattr(self, flag)!r} needs {why}: leave {flag} off, or "

@@ -325,6 +325,8 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
         del source
     runner = ModelRunner(model, mcfg, rc.num_blocks, rc.block_size, place.device, place.dtype,
                          compile=rc.compile)
+    if config.kv_offload is not None:
+        runner.enable_host_kv(config.kv_offload["host_blocks"])
     if place.device.type == "cuda" and place.attention_backend == "triton":
         # Compile every Triton variant this engine can reach now, so that no compile
         # (seconds each) lands inside a timed run or a user's first request.

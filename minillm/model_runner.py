@@ -22,6 +22,7 @@ import torch
 from .attention import AttentionMetadata
 from .block_manager import slots_for  # token position -> cache slot through a block table
 from .config import ModelConfig
+from .host_kv import HostKVCache
 from .model import forward_seam_plugged
 from .request import Request
 from .sampling import param_table_bits
@@ -234,6 +235,7 @@ class ModelRunner:
         self.device = device
         self.kv_caches = allocate_kv_cache(cfg, num_blocks, block_size, device, dtype)
         self.graphs: DecodeGraphs | None = None  # set by capture_cuda_graphs
+        self.host_kv: HostKVCache | None = None  # the host KV tier's pool (kv_offload), set by enable_host_kv
         self.forward = model  # or the model's forward compiled into one graph (compiled.py)
         if compile:
             from .compiled import CompiledForward
@@ -243,6 +245,10 @@ class ModelRunner:
     @property
     def kv_cache_bytes(self) -> int:
         return kv_cache_bytes(self.kv_caches)
+
+    def enable_host_kv(self, num_blocks: int) -> None:
+        """A host pool of ``num_blocks`` blocks for the host KV tier (``kv_offload``)."""
+        self.host_kv = HostKVCache(self.kv_caches, num_blocks)
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         """Capture the decode forward once per batch-size bucket (CUDA, Triton backend).
@@ -257,6 +263,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelOutput:
         """One forward over the rows of ``out``; logits only where a row samples."""
+        if out.kv_copies:  # the host tier's copies, before this forward writes or reads K/V
+            self.host_kv.apply(out.kv_copies, self.kv_caches)
         b = build_batch(out.rows, self.block_size, self.device)
         # A learner's norm, RoPE or K/V store plugged in (model.FORWARD_SEAMS): the eager forward calls it.
         if self.graphs is not None and self.graphs.can_replay(out, b) and not forward_seam_plugged():

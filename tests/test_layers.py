@@ -25,9 +25,10 @@ LAYERS = [
     # 3. the model and its attention; weights from the GGUF
     ["minillm.attention", "minillm.model", "minillm.quantization", "minillm.loader", "minillm.compiled"],
     # 4. who runs when and where its K/V lives
-    ["minillm.block_manager", "minillm.scheduler*", "minillm.spec_decode", "minillm.spec_decode.policy"],
+    ["minillm.block_manager", "minillm.kv_offload", "minillm.scheduler*", "minillm.spec_decode",
+     "minillm.spec_decode.policy"],
     # 5. one step's forward, sampling, drafting and verifying; the forward split over processes
-    ["minillm.model_runner", "minillm.sampling", "minillm.spec_decode.*", "minillm.distributed*"],
+    ["minillm.model_runner", "minillm.host_kv", "minillm.sampling", "minillm.spec_decode.*", "minillm.distributed*"],
     # 6. the engine: resolves the hardware, builds everything, steps
     ["minillm.resolve", "minillm.engine"],
     # 7. serving online

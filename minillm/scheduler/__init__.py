@@ -23,7 +23,8 @@ def build_scheduler(config: EngineConfig, resolved: ResolvedConfig, eos_token_id
                               enable_chunked_prefill=config.enable_chunked_prefill,
                               speculative=config.speculative,
                               enable_prefix_caching=config.enable_prefix_caching,
-                              scheduling_policy=config.scheduling_policy, queue_timeouts=config.queue_timeouts)
+                              scheduling_policy=config.scheduling_policy, queue_timeouts=config.queue_timeouts,
+                              kv_offload=config.kv_offload)
     return SCHEDULERS[config.engine](rc.max_num_seqs, rc.max_num_batched_tokens, rc.max_model_len, eos_token_id)
 
 

@@ -51,6 +51,10 @@ class SchedulerOutput:
     # preemption), and how many of them the prefix cache already held.
     prefill_tokens_requested: int = 0
     prefix_hit_tokens: int = 0
+    # The host KV tier (chapter 9): of prefix_hit_tokens, those restored from host memory, and
+    # the copies between the tiers to make before this step's forward (kv_offload.KVCopies).
+    host_hit_tokens: int = 0
+    kv_copies: Any = None
 
     @property
     def num_tokens(self) -> int:

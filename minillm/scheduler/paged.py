@@ -68,6 +68,7 @@ from typing import Sequence
 from .. import seams
 from ..block_manager import blocks_needed, min_num_blocks
 from ..config import SCHEDULING_POLICIES, SpeculativeConfig, check_queue_timeouts, queue_timeout
+from ..kv_offload import HostHit, HostTier, check_kv_offload
 from ..request import Request, RequestStatus
 from ..spec_decode import policy
 from . import priority as prio
@@ -81,7 +82,7 @@ class PagedScheduler(Scheduler):
                  eos_token_id: int, num_blocks: int, block_size: int, watermark: float = 0.0,
                  enable_chunked_prefill: bool = False, speculative: SpeculativeConfig | None = None,
                  enable_prefix_caching: bool = False, scheduling_policy: str = "fcfs",
-                 queue_timeouts: dict | None = None):
+                 queue_timeouts: dict | None = None, kv_offload: dict | None = None):
         need = min_num_blocks(max_model_len, block_size)
         if num_blocks < need:  # else a lone request could outgrow the cache: no progress, ever
             raise ValueError(f"num_blocks={num_blocks} cannot hold one request of max_model_len={max_model_len} "
@@ -100,6 +101,11 @@ class PagedScheduler(Scheduler):
         # Run totals of the admissions (per step: SchedulerOutput): K/V tokens needed, found cached.
         self.prefill_tokens_requested = 0
         self.prefix_hit_tokens = 0
+        self.host_hit_tokens = 0  # of prefix_hit_tokens: restored from the host tier
+        if kv_offload is not None:
+            opts = check_kv_offload(kv_offload)
+            self.block_manager.enable_host_tier(HostTier(opts["host_blocks"], opts["idle_s"]))
+            self.block_manager.allocator.clock = lambda: self.clock()  # idle time on the engine's clock
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -140,6 +146,8 @@ class PagedScheduler(Scheduler):
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        if self.block_manager.host is not None:
+            self.block_manager.offload_idle(self.clock())
         if self.scheduling_policy == "priority":  # before any row: a running request's row is never revoked
             self._make_room_for_timed_out(out)
         if self.enable_chunked_prefill:  # decodes first, prefill chunks in what is left
@@ -151,6 +159,8 @@ class PagedScheduler(Scheduler):
                 budget = self._schedule_decodes(out, budget)
         if self.speculative is not None:
             self._reserve_lookahead(out, budget)
+        if out.rows and self.block_manager.host is not None:  # made before this step's forward
+            out.kv_copies = self.block_manager.take_kv_copies()
         return out
 
     def _make_room(self, r: Request, num_tokens: int, out: SchedulerOutput) -> bool:
@@ -304,13 +314,16 @@ class PagedScheduler(Scheduler):
     def _admit(self, r: Request, hit: list[int], n: int, out: SchedulerOutput, now: float) -> None:
         """Admit the head of the queue: share its cached prefix blocks, then a row of ``n`` tokens."""
         cached = len(hit) * self.block_size
+        from_host = sum(isinstance(b, HostHit) for b in hit) * self.block_size
         if hit:
             self.block_manager.share_prefix(r, hit)
             r.num_computed_tokens = cached
         out.prefill_tokens_requested += r.num_tokens
         out.prefix_hit_tokens += cached
+        out.host_hit_tokens += from_host
         self.prefill_tokens_requested += r.num_tokens
         self.prefix_hit_tokens += cached
+        self.host_hit_tokens += from_host
         if r.metrics.first_scheduled_time is None:
             r.metrics.num_cached_tokens = cached
         self.admit(r, n, out, now)
