@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .slo import SloConfig, check_slo_engine
+
 
 @dataclass(slots=True)
 class ModelConfig:
@@ -254,6 +256,9 @@ class EngineConfig:
     enable_prefix_caching: bool = False  # paged: share the K/V blocks of equal prompt prefixes (chapter 6)
     scheduling_policy: str = "fcfs"  # paged: "fcfs" or "priority" (classes, queue timeouts; chapter 6)
     queue_timeouts: dict | None = None  # class -> seconds; None = DEFAULT_QUEUE_TIMEOUTS
+    # continuous/paged: an SLO controller moves the token budget to keep p95 TTFT/ITL on target
+    # (minillm/slo.py): {"itl_p95": 0.3, "ttft_p95": 3.0, "window_s": 10}. None = off.
+    slo: dict | SloConfig | None = None
     # paged + prefix caching: keep evicted and idle prefix blocks in a host pool (kv_offload.py,
     # chapter 9): {"host_blocks": N, "idle_s": 2.0}. None = no host tier.
     kv_offload: dict | None = None
@@ -344,6 +349,9 @@ class EngineConfig:
         if self.enable_chunked_prefill and self.engine != "paged":
             raise ValueError(f"enable_chunked_prefill is a policy of the paged scheduler: pass engine='paged', "
                              f"not {self.engine!r} (the continuous engine feeds whole prompts next to its decodes)")
+        if self.slo is not None:
+            self.slo = SloConfig.from_dict(self.slo)
+            check_slo_engine(self.slo, self.engine, self.max_num_seqs)
         if self.speculative is not None:
             self.speculative = SpeculativeConfig.from_dict(self.speculative)
             if self.engine != "paged":

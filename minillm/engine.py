@@ -20,7 +20,7 @@ import torch
 from .clock import WallClock
 from .config import EngineConfig, ModelConfig, ResolvedConfig
 from .inputs import parse_conversation, parse_messages, parse_prompts
-from .metrics import EngineSnapshot, StepRecord, count_classes, record_step
+from .metrics import EngineSnapshot, OffloadSnapshot, StepRecord, count_classes, record_step
 from .model import build_model
 from .model_runner import ModelOutput, ModelRunner
 from .request import FinishReason, Request, RequestMetrics
@@ -28,6 +28,7 @@ from .resolve import resolve
 from .sampling import sample_at
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput, build_scheduler
+from .slo import SloController
 from .threads import make_governor
 
 
@@ -65,6 +66,9 @@ class LLMEngine:
         self.max_model_len = resolved.max_model_len
         self.kv_bytes_per_token = resolved.kv_bytes_per_token
         self.step_records: list[StepRecord] = []
+        # The SLO controller (minillm/slo.py): moves the token budget after steps; None when off.
+        self.slo_controller = (None if config.slo is None else
+                               SloController(config.slo, scheduler, config.engine, resolved.max_model_len))
         self._empty_steps = 0  # consecutive steps that scheduled nothing with requests ready (livelock check)
         self._ids = itertools.count()
         self._seed_counter = itertools.count()
@@ -122,6 +126,8 @@ class LLMEngine:
     def check_fits(self, num_prompt_tokens: int) -> None:
         """Reject a prompt the scheduler could never admit (so it cannot stall the queue)."""
         budget = self.scheduler.max_num_batched_tokens
+        if self.slo_controller is not None:  # the budget it may give back, not the one it holds now
+            budget = self.slo_controller.max_budget
         if not self.config.enable_chunked_prefill and num_prompt_tokens > budget:
             raise ValueError(
                 f"prompt has {num_prompt_tokens} tokens but max_num_batched_tokens is {budget} and "
@@ -170,6 +176,8 @@ class LLMEngine:
             self._finish_text(r)
         self.step_records.append(record_step(len(self.step_records), start, end, out, len(emitted), self.scheduler,
                                              self.resolved.block_size, self.kv_bytes_per_token))
+        if self.slo_controller is not None:  # this step's tokens into its window; maybe a new budget
+            self.slo_controller.after_step([row.request for row in out.rows], end)
         return finished
 
     def sample(self, out: SchedulerOutput, model_out: ModelOutput) -> dict[int, list[int]]:
@@ -282,7 +290,19 @@ class LLMEngine:
             spec_num_drafts=None if spec is None else spec.num_drafts,
             spec_num_accepted=None if spec is None else spec.num_accepted,
             spec_acceptance_rate=None if spec is None else spec.acceptance_rate,
-            spec_owner=None if spec is None else id(spec))
+            spec_owner=None if spec is None else id(spec),
+            slo=None if self.slo_controller is None else self.slo_controller.snapshot(),
+            kv_offload=self._offload_snapshot())
+
+    def _offload_snapshot(self) -> OffloadSnapshot | None:
+        host, pool = self.scheduler.block_manager.host, getattr(self.runner, "host_kv", None)
+        if host is None or pool is None:
+            return None
+        s = self.scheduler
+        return OffloadSnapshot(
+            host_blocks_total=host.num_blocks, host_blocks_used=host.num_used, blocks_out=pool.blocks_out,
+            blocks_in=pool.blocks_in, bytes_out=pool.bytes_out, bytes_in=pool.bytes_in, copy_seconds=pool.seconds,
+            device_hit_tokens=s.prefix_hit_tokens - s.host_hit_tokens, host_hit_tokens=s.host_hit_tokens)
 
 
 # -- building an engine -----------------------------------------------------------

@@ -41,6 +41,11 @@ class StepRecord:
     prefix_hit_tokens: int = 0
     num_cached_blocks: int = 0
     num_evictable_blocks: int = 0
+    # The host KV tier (chapter 9): of prefix_hit_tokens, those restored from host memory;
+    # blocks copied device -> host and host -> device before this step's forward.
+    host_hit_tokens: int = 0
+    kv_blocks_offloaded: int = 0
+    kv_blocks_restored: int = 0
 
     @property
     def duration(self) -> float:
@@ -57,6 +62,21 @@ class StepRecord:
     @property
     def utilization(self) -> float:
         return self.num_tokens / self.token_slots if self.token_slots else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadSnapshot:
+    """The host KV tier's counters (``kv_offload``), cumulative over the engine's life."""
+
+    host_blocks_total: int
+    host_blocks_used: int  # holding a cached prefix
+    blocks_out: int  # device -> host copies
+    blocks_in: int  # host -> device copies (host hits)
+    bytes_out: int
+    bytes_in: int
+    copy_seconds: float  # host time spent making the copies
+    device_hit_tokens: int  # prefix-cache hits found on the device
+    host_hit_tokens: int  # ... and restored from the host
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +108,8 @@ class EngineSnapshot:
     spec_num_accepted: int | None = None
     spec_acceptance_rate: float | None = None  # None also before the first verification
     spec_owner: int | None = None  # id() of the SpecStats counting them
+    slo: Any = None  # the SLO controller's SloSnapshot (minillm/slo.py): budget, targets, p95s; None: off
+    kv_offload: OffloadSnapshot | None = None  # the host KV tier's counters; None: no host tier
 
     @property
     def kv_usage(self) -> float:
@@ -158,7 +180,10 @@ def record_step(step: int, start: float, end: float, out: Any, num_sampled: int,
         held_ids=[r.request_id for r in holders if r.request_id not in running_ids and r.is_finished],
         prefill_tokens_requested=out.prefill_tokens_requested, prefix_hit_tokens=out.prefix_hit_tokens,
         num_cached_blocks=bm.num_cached_blocks, num_evictable_blocks=bm.num_evictable_blocks,
+        host_hit_tokens=out.host_hit_tokens,
+        kv_blocks_offloaded=len(out.kv_copies.outs) if out.kv_copies else 0,
+        kv_blocks_restored=len(out.kv_copies.ins) if out.kv_copies else 0,
     )
 
 
-__all__ = ["StepRecord", "EngineSnapshot", "count_classes", "slot_accounting", "kv_usage", "record_step"]
+__all__ = ["StepRecord", "EngineSnapshot", "OffloadSnapshot", "count_classes", "slot_accounting", "kv_usage", "record_step"]

@@ -298,7 +298,7 @@ class HostTierMachine(RuleBasedStateMachine):
 
 
 TestHostTier = HostTierMachine.TestCase
-TestHostTier.settings = settings(FAST, max_examples=400, stateful_step_count=50)
+TestHostTier.settings = settings(FAST, max_examples=700, stateful_step_count=50)
 
 
 def test_state_machine_exercised_both_tiers():
@@ -391,3 +391,30 @@ def test_real_model_restored_kv_is_bit_for_bit_the_computed_kv(real):
         b = a.cached[h]
         for (k, v), (k0, v0) in zip(caches, kv):
             assert torch.equal(k[b], k0) and torch.equal(v[b], v0), "a restored block differs from its K/V"
+
+
+@pytest.mark.slow
+def test_real_model_offload_metrics_reach_the_snapshot_steps_and_prometheus(real):
+    from minillm.serving import prometheus as names
+    engine = _engine(real, kv_offload={"host_blocks": 64, "idle_s": 0.0})
+    _multi_turn(engine)
+    snap = engine.snapshot().kv_offload
+    pool, s = engine.runner.host_kv, engine.scheduler
+    assert snap.blocks_out == pool.blocks_out > 0 and snap.blocks_in == pool.blocks_in > 0
+    assert snap.bytes_out == snap.blocks_out * pool.block_bytes and snap.copy_seconds > 0
+    assert snap.host_hit_tokens == s.host_hit_tokens > 0
+    assert snap.device_hit_tokens + snap.host_hit_tokens == s.prefix_hit_tokens
+    recs = engine.step_records
+    assert sum(r.kv_blocks_restored for r in recs) == snap.blocks_in
+    assert sum(r.kv_blocks_offloaded for r in recs) == snap.blocks_out
+    assert sum(r.host_hit_tokens for r in recs) == snap.host_hit_tokens
+    assert _engine(real).snapshot().kv_offload is None
+
+    class _LLM:  # what the collector reads: the engine's snapshot and the abort count
+        stats, counts = engine.snapshot(), {}
+    text = "\n".join(f"{m.name} {[(x.labels, x.value) for x in m.samples]}"
+                     for m in names._EngineCollector(_LLM(), {"model_name": "m"}).collect())
+    for name in (names.KV_OFFLOAD_BLOCKS, names.KV_OFFLOAD_BYTES, names.KV_OFFLOAD_SECONDS,
+                 names.KV_HOST_BLOCKS_USED, names.PREFIX_HIT_TOKENS):
+        assert name in text
+    assert "'tier': 'host'" in text and "'direction': 'in'" in text

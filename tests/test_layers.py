@@ -19,7 +19,7 @@ PACKAGE = ROOT / "minillm"
 LAYERS = [
     # 1. leaves: plain values and records, no torch needed to read them
     ["minillm", "minillm.config", "minillm.sampling_params", "minillm.request", "minillm.clock", "minillm.seams",
-     "minillm.metrics", "minillm.cache", "minillm.inputs", "minillm.detokenizer", "minillm.threads"],
+     "minillm.metrics", "minillm.cache", "minillm.inputs", "minillm.detokenizer", "minillm.threads", "minillm.slo"],
     # 2. kernels (Triton; the CPU's C++ with its build and bindings) and where they run
     ["minillm.kernels*", "minillm.placement"],
     # 3. the model and its attention; weights from the GGUF
@@ -147,7 +147,7 @@ def test_the_checks_can_fail():
 
 @pytest.mark.parametrize("module", ["minillm", "minillm.scheduler", "minillm.seams", "minillm.spec_decode.policy",
                                     "minillm.bench.loadgen", "minillm.config", "minillm.request",
-                                    "minillm.block_manager", "minillm.sampling_params"])
+                                    "minillm.block_manager", "minillm.sampling_params", "minillm.slo"])
 def test_plain_python_modules_do_not_load_torch(module):
     """In a fresh interpreter: these modules promise plain Python; importing them loads no torch."""
     code = f"import sys, {module}; print('torch' in sys.modules)"

@@ -31,7 +31,8 @@ given) is no better than the baseline's.
 Chapter 7's exercises plug in here (``minillm/seams.py``): ``poisson_arrivals`` makes every
 run's arrival times (through ``arrival_offsets``), ``goodput`` counts each run's goodput
 (``summarize_requests``), and ``next_token_budget`` is the rule of ``slo_token_budget``, the
-controller that ``run_open_loop(..., slo_itl=...)`` applies between engine steps.
+controller that ``run_open_loop(..., slo_itl=...)`` applies between engine steps (the rule
+is ``minillm/slo.py``'s, which the engine itself runs with ``EngineConfig.slo``).
 """
 from __future__ import annotations
 
@@ -43,10 +44,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from minillm import seams
 from minillm.bench import loadgen
 from minillm.bench.summary import percentiles
 from minillm.sampling_params import SamplingParams
+from minillm.slo import check_budget_settings, checked_budget, slo_token_budget
 
 # The engines of the sweep: EngineConfig options on top of the common ones (max_num_seqs, ...).
 NGRAM = dict(method="ngram", num_speculative_tokens=4)
@@ -247,69 +248,10 @@ def run_open_loop(engine: Any, prompts: Sequence[Sequence[int]], rate: float, nu
 
 
 # -- an SLO-driven controller ------------------------------------------------------------------
-
-def slo_token_budget(budget: int, itl_p95: float | None, target: float, *, min_budget: int, max_budget: int,
-                     decrease: float = 0.5, increase: int = 16, headroom: float = 0.8) -> int:
-    """The next token budget (``max_num_batched_tokens``) of a controller that keeps the p95
-    inter-token latency under ``target`` seconds: additive increase, multiplicative decrease.
-
-    * p95 ITL above ``target``: steps are too long, shrink the budget to
-      ``floor(budget * decrease)`` (prompt chunks get smaller: decodes wait less);
-    * below ``headroom * target``: there is room, grow by ``increase`` tokens (prompts finish
-      their prefill in fewer steps: TTFT drops);
-    * in between, or no measurement (None): keep it.
-
-    Always clamped to [min_budget, max_budget]. ``min_budget`` must hold one step's decodes
-    (``max_num_seqs``); the budget only bounds prompt chunks with chunked prefill on.
-
-    A plugged ``next_token_budget`` (chapter 7) decides instead, once the settings are
-    checked here; its answer is checked too (an integer within the bounds, never above the
-    budget while the p95 ITL is over the target).
-    """
-    _positive_int("budget", budget)
-    _check_budget_settings(target, min_budget, max_budget, decrease, increase, headroom)
-    mine = seams.plugged("next_token_budget")  # a learner's version (chapter 7), when plugged in
-    if mine is not None:
-        got = mine(budget, itl_p95, target, min_budget, max_budget, decrease, increase, headroom)
-        return _checked_budget(got, budget, itl_p95, target, min_budget, max_budget)
-    if itl_p95 is None:
-        nxt = budget
-    elif itl_p95 > target:
-        nxt = math.floor(budget * decrease)
-    elif itl_p95 < headroom * target:
-        nxt = budget + increase
-    else:
-        nxt = budget
-    return max(min_budget, min(max_budget, nxt))
-
-
-def _check_budget_settings(target: float, min_budget: int, max_budget: int, decrease: float = 0.5,
-                           increase: int = 16, headroom: float = 0.8) -> None:
-    for name, v in (("min_budget", min_budget), ("max_budget", max_budget), ("increase", increase)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "increase" else 1):
-            raise ValueError(f"{name} must be an integer >= {0 if name == 'increase' else 1}, got {v!r}")
-    if min_budget > max_budget:
-        raise ValueError(f"min_budget ({min_budget}) must be <= max_budget ({max_budget})")
-    if isinstance(target, bool) or not (isinstance(target, (int, float)) and target > 0):
-        raise ValueError(f"target must be a number of seconds > 0, got {target!r}")
-    if not 0 < decrease < 1 or not 0 < headroom <= 1:
-        raise ValueError(f"decrease must be in (0, 1) and headroom in (0, 1], got {decrease!r}, {headroom!r}")
-
-
-def _checked_budget(got: Any, budget: int, itl_p95: float | None, target: float, min_budget: int,
-                    max_budget: int) -> int:
-    """What a plugged ``next_token_budget`` returned, as an int; ValueError if the engine cannot take it."""
-    where = (f"the next_token_budget seam (exercises/ch07_serving_online.py::next_token_budget), "
-             f"for budget {budget} and p95 ITL {itl_p95!r} (target {target!r} s),")
-    if isinstance(got, bool) or not isinstance(got, numbers.Integral):
-        raise ValueError(f"{where} returned {got!r}: return the next budget as an int (math.floor a product)")
-    if not min_budget <= got <= max_budget:
-        raise ValueError(f"{where} returned {got}, outside [min_budget, max_budget] = [{min_budget}, {max_budget}]: "
-                         f"clamp the result to the bounds")
-    if itl_p95 is not None and itl_p95 > target and got > max(budget, min_budget):
-        raise ValueError(f"{where} returned {got}, more than the budget, while the p95 ITL is over the target: "
-                         f"a broken SLO must lower the budget (budget * decrease), never raise it")
-    return int(got)
+# The rule lives with the engine's controller (minillm/slo.py: the same AIMD rule, which
+# ``EngineConfig.slo`` runs inside the engine); its name here stays for chapter 7.
+_check_budget_settings = check_budget_settings
+_checked_budget = checked_budget
 
 
 def recent_itl_p95(requests: Sequence[Any], since: float) -> float | None:

@@ -38,12 +38,28 @@ NUM_PREEMPTIONS = "minillm_num_preemptions"
 SPEC_DRAFT_TOKENS = "minillm_spec_decode_num_draft_tokens"
 SPEC_ACCEPTED_TOKENS = "minillm_spec_decode_num_accepted_tokens"
 SPEC_ACCEPTANCE_RATE = "minillm_spec_decode_acceptance_rate"
+# The SLO controller (minillm/slo.py), when the engine runs one.
+SLO_TOKEN_BUDGET = "minillm_slo_token_budget"  # the token budget (max_num_batched_tokens) now
+SLO_TARGET = "minillm_slo_target_seconds"  # by METRIC_LABEL: ttft, itl
+SLO_WINDOW_P95 = "minillm_slo_window_p95_seconds"  # by METRIC_LABEL, at the latest decision
+SLO_ADJUSTMENTS = "minillm_slo_adjustments"  # by DIRECTION_LABEL: down, up
+
+# The host KV tier (kv_offload, chapter 9), when the engine has one.
+KV_OFFLOAD_BLOCKS = "minillm_kv_offload_blocks"  # by DIRECTION_LABEL: out (device -> host), in (host -> device)
+KV_OFFLOAD_BYTES = "minillm_kv_offload_bytes"  # by DIRECTION_LABEL
+KV_OFFLOAD_SECONDS = "minillm_kv_offload_copy_seconds"
+KV_HOST_BLOCKS_TOTAL = "minillm_kv_host_blocks_total"
+KV_HOST_BLOCKS_USED = "minillm_kv_host_blocks_used"
+PREFIX_HIT_TOKENS = "minillm_prefix_cache_hit_tokens"  # by TIER_LABEL: device, host
 
 # Labels: every metric carries MODEL_LABEL; the per-class gauges add CLASS_LABEL.
 MODEL_LABEL = "model_name"
 CLASS_LABEL = "priority_class"
 REASON_LABEL = "finished_reason"
 STATUS_LABEL = "status"
+METRIC_LABEL = "metric"
+DIRECTION_LABEL = "direction"
+TIER_LABEL = "tier"
 
 # Buckets for a CPU engine (tens of ms per token) up to a saturated GPU (ms): seconds.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
@@ -154,12 +170,65 @@ class _EngineCollector:
         yield counter(NUM_PREEMPTIONS, "Requests preempted to free KV blocks", s.num_preemptions)
         yield counter(REQUEST_ABORTED, "Requests aborted before they finished (client gone, shutdown)",
                       self.llm.counts.get("abort", 0))
+        if s.slo is not None:
+            yield from self._slo(s.slo, names, values)
+        if s.kv_offload is not None:
+            yield from self._offload(s.kv_offload, names, values)
         if s.spec_num_drafts is not None:
             yield counter(SPEC_DRAFT_TOKENS, "Drafted tokens sent to verification", s.spec_num_drafts)
             yield counter(SPEC_ACCEPTED_TOKENS, "Drafted tokens accepted", s.spec_num_accepted)
             if s.spec_acceptance_rate is not None:
                 yield gauge(SPEC_ACCEPTANCE_RATE, "Chance that one reached draft is accepted",
                             s.spec_acceptance_rate)
+
+    @staticmethod
+    def _offload(o, names, values):
+        """The host KV tier's pool, copies each way and hits per tier (an ``OffloadSnapshot``)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        for name, doc, v in ((KV_HOST_BLOCKS_TOTAL, "Blocks of the host KV pool", o.host_blocks_total),
+                             (KV_HOST_BLOCKS_USED, "Host KV blocks holding a cached prefix", o.host_blocks_used)):
+            g = GaugeMetricFamily(name, doc, labels=names)
+            g.add_metric(values, v)
+            yield g
+        for name, doc, pair, label in (
+                (KV_OFFLOAD_BLOCKS, "KV blocks copied between the device and the host pool", (o.blocks_out, o.blocks_in),
+                 DIRECTION_LABEL),
+                (KV_OFFLOAD_BYTES, "KV bytes copied between the device and the host pool", (o.bytes_out, o.bytes_in),
+                 DIRECTION_LABEL),
+                (PREFIX_HIT_TOKENS, "Prompt tokens found in the prefix cache, per tier",
+                 (o.device_hit_tokens, o.host_hit_tokens), TIER_LABEL)):
+            c = CounterMetricFamily(name, doc, labels=[*names, label])
+            for key, v in zip(("out", "in") if label == DIRECTION_LABEL else ("device", "host"), pair):
+                c.add_metric([*values, key], v)
+            yield c
+        c = CounterMetricFamily(KV_OFFLOAD_SECONDS, "Host seconds spent copying KV blocks between the tiers",
+                                labels=names)
+        c.add_metric(values, o.copy_seconds)
+        yield c
+
+    @staticmethod
+    def _slo(slo, names, values):
+        """The SLO controller's budget, targets, window p95s and adjustments (a ``SloSnapshot``)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        g = GaugeMetricFamily(SLO_TOKEN_BUDGET, "Token budget the SLO controller set (max_num_batched_tokens)",
+                              labels=names)
+        g.add_metric(values, slo.token_budget)
+        yield g
+        for name, doc, by_metric in ((SLO_TARGET, "SLO target, p95 seconds", (slo.ttft_target, slo.itl_target)),
+                                     (SLO_WINDOW_P95, "p95 over the SLO controller's window at its latest decision",
+                                      (slo.ttft_p95, slo.itl_p95))):
+            g = GaugeMetricFamily(name, doc, labels=[*names, METRIC_LABEL])
+            for metric, v in zip(("ttft", "itl"), by_metric):
+                if v is not None:
+                    g.add_metric([*values, metric], v)
+            yield g
+        c = CounterMetricFamily(SLO_ADJUSTMENTS, "Token budget changes of the SLO controller, by direction",
+                                labels=[*names, DIRECTION_LABEL])
+        c.add_metric([*values, "down"], slo.num_decreases)
+        c.add_metric([*values, "up"], slo.num_increases)
+        yield c
 
 
 __all__ = ["ServingMetrics", "TTFT_BUCKETS", "ITL_BUCKETS", "E2E_BUCKETS"]
