@@ -1,7 +1,7 @@
 """A live dashboard: what a serving engine is doing, redrawn while it runs.
 
     dash = Dashboard(EngineSource(engine))              # in-process: the engine's own state
-    dash = Dashboard(MetricsSource(url + "/metrics"))   # a server, through its Prometheus text
+    dash = Dashboard(MetricsSource(url + "/metrics"))   # a server (minillm, vLLM, SGLang), through its Prometheus text
     with dash:                                          # a background thread samples and redraws
         run_the_load()
     dash.figure()                                       # the whole run as a static chart
@@ -9,7 +9,12 @@
 Eight panels: offered vs served load (requests/s), output tokens/s, TTFT and ITL
 p50/p95/p99 over a sliding window, batch size and queue depth (per priority class when
 the scheduler has classes), KV blocks used (and cached, with prefix caching),
-preemptions, and the acceptance rate of speculative decoding.
+preemptions, and the acceptance rate of speculative decoding. A panel the source cannot
+fill (a server that exports no such metric, an engine without speculation) says "n/a",
+and so do such numbers in the text line; a server's flavor (minillm, vLLM, SGLang) and
+address are in the title. An engine with an SLO controller (``minillm/slo.py``) has each
+change of its token budget marked on the TTFT and ITL panels, the budget in the text line,
+and the budget over time on the static figure.
 
 Three modules: ``sources.py`` (``EngineSource``, ``MetricsSource``: the samples),
 ``panel.py`` (``series``, ``LivePanel``, ``plot_samples``: the drawing) and this one (the
@@ -31,13 +36,15 @@ kept in ``last_frame`` (JPEG bytes); only the widget is not shown.
 from __future__ import annotations
 
 import bisect
+import html
 import threading
 import time
 from typing import Any, Callable
 
-from minillm.viz.panel import MAX_LINES, PANELS, LivePanel, headline, plot_samples, series
-from minillm.viz.sources import (METRIC_NAMES, EngineSource, MetricsSource, Sample, histogram_quantile,
-                                 parse_metrics)
+from minillm.viz.panel import (MAX_LINES, PANELS, LivePanel, headline, missing_panels, plot_samples, series,
+                               slo_marks)
+from minillm.viz.sources import (METRIC_NAMES, EngineSource, MetricsSource, Sample, detect_flavor,
+                                 histogram_quantile, parse_metrics)
 
 
 # -- the dashboard -------------------------------------------------------------------------
@@ -147,15 +154,20 @@ class Dashboard:
                     total = self.samples[-1].kv_blocks_total
                     if self.panel.background is None and total:
                         self.panel.set_ymax("KV blocks", 1.05 * total)
+                    if self.panel.background is None:  # before the first frame: what the source cannot tell
+                        self.panel.set_missing(missing_panels(self.samples[-1:]))
                     # Only the samples the window shows (and the smoothing before it): a frame
                     # costs the same after an hour as after a minute.
                     now = self.samples[-1].t
                     first = bisect.bisect_left(self.samples, now - self.panel.window_s - self.smooth_s - 1,
                                                key=lambda x: x.t)
-                    self.last_frame = self.panel.draw(series(self.samples[first:], self.smooth_s), now)
+                    self.last_frame = self.panel.draw(series(self.samples[first:], self.smooth_s), now,
+                                                      marks=slo_marks(self.samples[first:]))
                 if self._image is not None:
                     self._image.value = self.last_frame or b""
-                    self._text.value = f"<tt style='font-size:11px'>{headline(self.samples[-1])}</tt>"
+                    heading = self.heading()
+                    self._text.value = ("<tt style='font-size:11px'>" + (f"<b>{html.escape(heading)}</b> · " if heading
+                                        else "") + f"{headline(self.samples[-1])}</tt>")
             except Exception as e:
                 self.errors.append(f"draw: {type(e).__name__}: {e}")
             t1 = time.perf_counter()
@@ -186,9 +198,18 @@ class Dashboard:
     def panel_redraws(self) -> int:
         return self.panel.panel_redraws if self.panel is not None else 0
 
+    def heading(self, title: str | None = None) -> str | None:
+        """The dashboard's title: ``title`` (else the one it was given), with the server it reads
+        when the source says (``MetricsSource.describe``: "vllm server, http://...")."""
+        title = title or self.title
+        describe = getattr(self.source, "describe", None)
+        if describe is None:
+            return title
+        return f"{title} ({describe()})" if title else describe()
+
     def figure(self, title: str | None = None):
         """The whole run as a static pyplot figure."""
-        return plot_samples(self.samples, title or self.title, self.smooth_s, self.marks)
+        return plot_samples(self.samples, self.heading(title), self.smooth_s, self.marks)
 
     def summary(self) -> dict[str, Any]:
         ft = sorted(self.frame_times)
@@ -249,5 +270,5 @@ def measure_overhead(engine: Any, make_requests: Callable[[Any], list], rounds: 
 
 
 __all__ = ["Sample", "EngineSource", "MetricsSource", "Dashboard", "LivePanel", "series", "plot_samples",
-           "parse_metrics", "histogram_quantile", "headline", "measure_overhead", "METRIC_NAMES", "PANELS",
-           "MAX_LINES"]
+           "parse_metrics", "detect_flavor", "histogram_quantile", "headline", "missing_panels", "measure_overhead",
+           "METRIC_NAMES", "PANELS", "MAX_LINES"]

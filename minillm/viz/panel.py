@@ -31,8 +31,8 @@ def _rate(samples: Sequence[Sample], attr: str, smooth_s: float) -> tuple[list[f
         while samples[j].t < s.t - smooth_s and j < i:
             j += 1
         a = samples[j] if j < i else (samples[i - 1] if i else None)
-        if a is None or s.t <= a.t:
-            continue
+        if a is None or s.t <= a.t or getattr(s, attr) is None or getattr(a, attr) is None:
+            continue  # a counter the source cannot read (None) has no rate
         xs.append(s.t)
         ys.append((getattr(s, attr) - getattr(a, attr)) / (s.t - a.t))
     return xs, ys
@@ -67,10 +67,9 @@ def series(samples: Sequence[Sample], smooth_s: float = 2.0) -> dict[str, dict[s
         "output tokens/s": {"tok/s": _rate(samples, "output_tokens", smooth_s)},
         "TTFT (s)": {f"p{q}": col(lambda s, q=q: s.ttft.get(f"p{q}")) for q in QUANTILES},
         "ITL (s)": {f"p{q}": col(lambda s, q=q: s.itl.get(f"p{q}")) for q in QUANTILES},
-        "batch and queue": {"batch": (ts, [s.batch_size for s in samples]),
-                            "waiting": (ts, [s.waiting for s in samples])},
+        "batch and queue": {"batch": col(lambda s: s.batch_size), "waiting": col(lambda s: s.waiting)},
         "KV blocks": {"used": col(lambda s: s.kv_blocks_used), "cached": col(lambda s: s.kv_blocks_cached)},
-        "preemptions": {"total": (ts, [s.preemptions for s in samples])},
+        "preemptions": {"total": col(lambda s: s.preemptions)},
         "spec acceptance": {"accepted/drafted": _acceptance(samples, smooth_s)},
     }
     classes = sorted({c for s in samples for c in s.waiting_by_class})
@@ -88,6 +87,17 @@ _AXIS_STRIPS_MAX = 256
 PANELS = ("load (req/s)", "output tokens/s", "TTFT (s)", "ITL (s)", "batch and queue", "KV blocks",
           "preemptions", "spec acceptance")
 MAX_LINES = 5  # lines per panel the live renderer keeps (batch, waiting, three classes)
+# The Sample fields each panel draws: a panel whose fields the source never knew (None, or an
+# empty latency dict: a server that exports no such metric, an engine without speculation) says n/a.
+PANEL_FIELDS = {"load (req/s)": ("finished",), "output tokens/s": ("output_tokens",), "TTFT (s)": ("ttft",),
+                "ITL (s)": ("itl",), "batch and queue": ("batch_size", "waiting"), "KV blocks": ("kv_blocks_used",),
+                "preemptions": ("preemptions",), "spec acceptance": ("spec_drafts",)}
+
+
+def missing_panels(samples: Sequence[Sample]) -> list[str]:
+    """The panels none of whose fields any of ``samples`` knows: what the dashboard marks n/a."""
+    return [name for name, fields in PANEL_FIELDS.items()
+            if samples and all(getattr(s, f) in (None, {}) for s in samples for f in fields)]
 
 
 def headline(s: Sample | None) -> str:
@@ -95,20 +105,49 @@ def headline(s: Sample | None) -> str:
     if s is None:
         return "no sample yet"
 
-    def ms(d, k):
-        v = d.get(k)
-        return "-" if v is None else f"{v * 1000:.0f}"
+    def n(v):  # None: the source cannot know it (a server that does not export it)
+        return "n/a" if v is None else f"{v}"
 
-    kv = "-" if s.kv_blocks_used is None else f"{s.kv_blocks_used}/{s.kv_blocks_total}"
+    def ms(d):  # {}: no such histogram; a None quantile: nothing observed yet
+        return "n/a" if not d else "/".join("-" if d.get(f"p{q}") is None else f"{d[f'p{q}'] * 1000:.0f}"
+                                            for q in QUANTILES)
+
+    if s.kv_blocks_used is not None:
+        kv = f"{s.kv_blocks_used}/{n(s.kv_blocks_total)}"
+        if s.kv_usage is not None:
+            kv += f" ({s.kv_usage:.0%})"
+    else:
+        kv = "n/a" if s.kv_usage is None else f"{s.kv_usage:.0%}"
     if s.kv_blocks_cached is not None:
         kv += f" ({s.kv_blocks_cached} cached)"
-    acc = ("-" if not s.spec_drafts else f"{s.spec_accepted / s.spec_drafts:.2f}")
-    classes = "".join(f", {c}: {n}" for c, n in sorted(s.waiting_by_class.items()))
-    return (f"t={s.t:.1f}s · offered {s.arrived} / served {s.finished} requests · {s.output_tokens} tokens · "
-            f"batch {s.batch_size}, running {s.running}, waiting {s.waiting}{classes} · "
-            f"TTFT p50/p95/p99 {ms(s.ttft, 'p50')}/{ms(s.ttft, 'p95')}/{ms(s.ttft, 'p99')} ms · "
-            f"ITL {ms(s.itl, 'p50')}/{ms(s.itl, 'p95')}/{ms(s.itl, 'p99')} ms · KV {kv} · "
-            f"preempted {s.preemptions} · spec acceptance {acc}")
+    acc = "n/a" if s.spec_drafts is None else "-" if not s.spec_drafts else f"{s.spec_accepted / s.spec_drafts:.2f}"
+    hits = ("n/a" if s.prefix_cache_hits is None or s.prefix_cache_queries is None
+            else "-" if not s.prefix_cache_queries else f"{s.prefix_cache_hits / s.prefix_cache_queries:.0%}")
+    classes = "".join(f", {c}: {k}" for c, k in sorted(s.waiting_by_class.items()))
+    pct = "/".join(f"p{q}" for q in QUANTILES)
+    return (f"t={s.t:.1f}s · offered {n(s.arrived)} / served {n(s.finished)} requests · "
+            f"{n(s.output_tokens)} tokens out, {n(s.prompt_tokens)} in · "
+            f"batch {n(s.batch_size)}, running {n(s.running)}, waiting {n(s.waiting)}{classes} · "
+            f"TTFT {pct} {ms(s.ttft)} ms · ITL {ms(s.itl)} ms · E2E {ms(s.e2e)} ms · KV {kv} · "
+            f"prefix hits {hits} · preempted {n(s.preemptions)} · spec acceptance {acc}"
+            + ("" if s.token_budget is None else f" · SLO token budget {s.token_budget} ({n(s.slo_adjustments)} changes)"))
+
+
+# The panels where the SLO controller's budget changes are marked (the p95s it watches).
+SLO_PANELS = ("TTFT (s)", "ITL (s)")
+
+
+def slo_marks(samples: Sequence[Sample]) -> list[float]:
+    """The times of the samples at which the SLO controller had changed the budget since the
+    sample before (``Sample.slo_adjustments`` grew): one mark per change seen."""
+    out, last = [], None
+    for s in samples:
+        n = s.slo_adjustments
+        if n is not None and last is not None and n > last:
+            out.append(s.t)
+        if n is not None:
+            last = n
+    return out
 
 
 # -- drawing --------------------------------------------------------------------------------
@@ -162,6 +201,9 @@ class LivePanel:
         for ax in list(self.axes.values())[4:]:
             ax.set_xlabel("seconds ago", fontsize=7)
         self.window_s = window_s
+        # The SLO controller's budget changes: dotted verticals on the panels of the p95s it watches.
+        self.mark_lines = {name: self.axes[name].plot([], [], color="C3", lw=0.8, ls=":", animated=True)[0]
+                           for name in SLO_PANELS}
         self.fig.subplots_adjust(left=0.05, right=0.99, top=0.93, bottom=0.11, wspace=0.28, hspace=0.38)
         self.full_redraw_every = full_redraw_every
         self.last_full = -math.inf
@@ -179,6 +221,12 @@ class LivePanel:
     def set_ymax(self, panel: str, ymax: float) -> None:
         """A known upper limit (e.g. the KV cache's blocks), so the axis need not grow into it."""
         self.axes[panel].set_ylim(0, ymax)
+
+    def set_missing(self, panels: Sequence[str]) -> None:
+        """Title these panels "n/a" (nothing the source knows to draw in them); before the first frame,
+        which draws the titles into the background."""
+        for name in panels:
+            self.axes[name].set_title(f"{name}: n/a", fontsize=8, y=1.0)
 
     def _visible(self, x: list, y: list, now: float) -> tuple[list, list]:
         """The points of the last ``window_s`` seconds, x as seconds before ``now``."""
@@ -303,8 +351,10 @@ class LivePanel:
         self.background = self.canvas.copy_from_bbox(self.fig.bbox)
         self._legend_changed.difference_update(names)
 
-    def draw(self, data: dict[str, dict[str, tuple[list, list]]], now: float, fmt: str = "jpeg") -> bytes:
-        """One frame: lines only, after redrawing any panel whose axis must grow (rate-limited)."""
+    def draw(self, data: dict[str, dict[str, tuple[list, list]]], now: float, fmt: str = "jpeg",
+             marks: Sequence[float] = ()) -> bytes:
+        """One frame: lines only, after redrawing any panel whose axis must grow (rate-limited).
+        ``marks``: times of the SLO controller's budget changes (``slo_marks``), drawn as verticals."""
         if self.background is None:
             self._limits(data, now)
             self.canvas.draw()  # everything but the animated lines: the background
@@ -320,7 +370,18 @@ class LivePanel:
                 self.panel_redraws += len(changed)
         self.canvas.restore_region(self.background)
         self._draw_lines(data, now)
+        self._draw_marks(marks, now)
         return self.encode(fmt)
+
+    def _draw_marks(self, marks: Sequence[float], now: float) -> None:
+        shown = [t - now for t in marks if now - self.window_s <= t <= now]
+        if not shown:
+            return
+        for name, line in self.mark_lines.items():
+            y0, y1 = self.axes[name].get_ylim()
+            xs = [x for t in shown for x in (t, t, math.nan)]
+            line.set_data(xs, [y for _ in shown for y in (y0, y1, math.nan)])
+            self.axes[name].draw_artist(line)
 
     def _draw_lines(self, data: dict[str, dict[str, tuple[list, list]]], now: float) -> None:
         """Each panel's lines onto the restored background, by ``ax.draw_artist`` (clipped to the panel).
@@ -356,8 +417,11 @@ def plot_samples(samples: Sequence[Sample], title: str | None = None, smooth_s: 
     import matplotlib.pyplot as plt
 
     data = series(samples, smooth_s)
+    missing = missing_panels(samples)
     fig, axes = plt.subplots(2, 4, figsize=(14, 5.5))
     for (name, lines), ax in zip(data.items(), axes.flat):
+        if name in missing:
+            ax.text(0.5, 0.5, "n/a", transform=ax.transAxes, ha="center", va="center", color="gray", fontsize=14)
         for key, (x, y) in lines.items():
             if x:
                 ax.plot(x, y, lw=1.2, label=key)
@@ -371,6 +435,17 @@ def plot_samples(samples: Sequence[Sample], title: str | None = None, smooth_s: 
         ax.set_xlabel("seconds")
     if samples and samples[-1].kv_blocks_total:
         axes[1][1].axhline(samples[-1].kv_blocks_total, color="k", lw=0.6, ls="--")
+    budget = [(s.t, s.token_budget) for s in samples if s.token_budget is not None]
+    if budget:  # the SLO controller's budget (tokens per step) on an axis of its own
+        twin = axes[1][0].twinx()
+        twin.step([t for t, _ in budget], [b for _, b in budget], where="post", color="C3", lw=1.0)
+        twin.set_ylabel("token budget", fontsize=8, color="C3")
+        twin.tick_params(labelsize=7, colors="C3")
+        twin.set_ylim(0, 1.1 * max(b for _, b in budget))
+    for t in slo_marks(samples):
+        for ax in axes.flat:
+            if ax.get_title() in SLO_PANELS:
+                ax.axvline(t, color="C3", lw=0.6, ls=":")
     shown = None
     for t, label in marks:  # many marks (a sweep): name each group once, by its first word
         text = label if len(marks) <= 6 else label.split()[0]
@@ -384,4 +459,5 @@ def plot_samples(samples: Sequence[Sample], title: str | None = None, smooth_s: 
     return fig
 
 
-__all__ = ["LivePanel", "series", "plot_samples", "headline", "PANELS", "MAX_LINES"]
+__all__ = ["LivePanel", "series", "plot_samples", "headline", "missing_panels", "slo_marks", "PANELS",
+           "PANEL_FIELDS", "SLO_PANELS", "MAX_LINES"]
