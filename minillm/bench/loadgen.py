@@ -3,6 +3,7 @@
     python -m minillm load --url http://127.0.0.1:8000 --rate 2 --num-requests 40
     python -m minillm load --url http://127.0.0.1:8000 --sweep 0.5,1,2,4 --json sweep.json
     python -m minillm load --url http://127.0.0.1:8000 --trace trace.jsonl
+    python -m minillm load --url http://127.0.0.1:8000 --url http://127.0.0.1:8001 --trace trace.jsonl   # A/B
 
 Open loop: request i is sent at its arrival time whether or not the earlier ones have
 finished, as independent users would send them. (A closed loop, N clients that each wait
@@ -40,10 +41,24 @@ server. Trace files are JSON lines, one request each:
 
     {"arrival": 0.0, "prompt": "Explain how a rainbow forms.", "output_tokens": 64}
     {"arrival": 0.4, "prompt_tokens": 300, "output_tokens": 20}
+    {"arrival": 0.9, "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 16}
 
-(``arrival`` in seconds from the start; ``prompt`` text, or ``prompt_tokens``: a prompt of
-that many token ids, which the OpenAI API accepts as a list; ``output_tokens``, or
-``max_tokens``.)
+(``arrival`` in seconds from the start; ``prompt`` text or token ids, ``prompt_tokens``: a
+prompt of that many token ids, which the OpenAI API accepts as a list, or ``messages``: a
+chat, sent to /v1/chat/completions; ``output_tokens``, or ``max_tokens``.) ``python -m
+minillm serve --record-trace T.jsonl`` writes the traffic a server receives in this format.
+
+A/B: with two ``--url`` the same requests at the same arrival times are replayed against
+server A, then against server B: one after the other, never at once, because two servers
+sharing one machine's cores would measure their contention rather than themselves.
+``--rounds N`` replays N times per side in alternating order (A B, B A, A B, ...), so a
+drift of the machine's speed during the run (other jobs, heat) weighs on both sides alike,
+and the bootstrap then draws the replays as well as their requests: replays of one server
+that disagree widen the interval rather than pass for a difference between the servers.
+With one round (the default) the interval sees only the requests' own noise; on a shared
+machine use three or more. Each server first answers one short warm-up request that is
+not measured. ``minillm.bench.ab`` gives every metric B - A with a bootstrap confidence
+interval and a verdict: better, worse, or no difference.
 """
 from __future__ import annotations
 
@@ -68,9 +83,10 @@ DEFAULT_PROMPTS = INSTRUCTIONS[:12]  # short instructions: the first twelve of b
 
 @dataclass(slots=True)
 class LoadRequest:
-    """One request of a run: a prompt (text or token ids), exact output length, arrival offset (s)."""
+    """One request of a run: a prompt (text, token ids, or chat messages: a list of {"role", "content"},
+    sent to /v1/chat/completions), exact output length, arrival offset (s)."""
 
-    prompt: str | list[int]
+    prompt: str | list[int] | list[dict]
     output_tokens: int
     arrival: float = 0.0
 
@@ -179,6 +195,11 @@ def load_trace(path: str | Path, seed: int = 0) -> list[LoadRequest]:
             prompt = d["prompt"]
             if not (isinstance(prompt, str) and prompt) and not _is_ids(prompt):
                 raise ValueError(f"{where}: 'prompt' must be non-empty text or a list of token ids")
+        elif "messages" in d:
+            prompt = d["messages"]
+            if not _is_messages(prompt):
+                raise ValueError(f"{where}: 'messages' must be a non-empty list of {{\"role\": text, \"content\": "
+                                 "text}} objects")
         elif "prompt_tokens" in d:
             n = d["prompt_tokens"]
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -186,7 +207,8 @@ def load_trace(path: str | Path, seed: int = 0) -> list[LoadRequest]:
             # Ids common to most vocabularies (>= 32k entries) and past the special tokens.
             prompt = [rng.randrange(1000, 30000) for _ in range(n)]
         else:
-            raise ValueError(f"{where}: give 'prompt' (text) or 'prompt_tokens' (a count)")
+            raise ValueError(f"{where}: give 'prompt' (text or token ids), 'messages' (a chat) or 'prompt_tokens' "
+                             "(a count)")
         reqs.append(LoadRequest(prompt, out, float(arrival)))
     if not reqs:
         raise ValueError(f"trace file {str(path)!r} has no requests")
@@ -196,6 +218,11 @@ def load_trace(path: str | Path, seed: int = 0) -> list[LoadRequest]:
 def _is_ids(p: Any) -> bool:
     return isinstance(p, list) and bool(p) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
                                                    for t in p)
+
+
+def _is_messages(p: Any) -> bool:
+    return isinstance(p, list) and bool(p) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in p)
 
 
 def _lengths(output_tokens: Any, n: int) -> list[int]:
@@ -331,8 +358,10 @@ def _finite(d: dict) -> dict:
 
 async def _one(client: Any, url: str, model: str, req: LoadRequest, index: int, t0: float,
                ignore_eos: bool, temperature: float) -> dict:
-    body: dict[str, Any] = {"model": model, "prompt": req.prompt, "max_tokens": req.output_tokens,
-                            "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
+    chat = _is_messages(req.prompt)
+    body: dict[str, Any] = {"model": model, "max_tokens": req.output_tokens, "temperature": temperature,
+                            "stream": True, "stream_options": {"include_usage": True},
+                            **({"messages": req.prompt} if chat else {"prompt": req.prompt})}
     if ignore_eos:
         body["ignore_eos"] = True
     rec: dict[str, Any] = {"index": index, "arrival": req.arrival, "lag": 0.0, "ttft": None, "tpot": None,
@@ -347,7 +376,8 @@ async def _one(client: Any, url: str, model: str, req: LoadRequest, index: int, 
     times: list[float] = []
     usage = None
     try:
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        route = "/v1/chat/completions" if chat else "/v1/completions"
+        async with client.stream("POST", url + route, json=body) as r:
             rec["status"] = r.status_code
             if r.status_code != 200:
                 text = (await r.aread()).decode(errors="replace")
@@ -366,6 +396,9 @@ async def _one(client: Any, url: str, model: str, req: LoadRequest, index: int, 
                     done = True
                     break
                 chunk = json.loads(data)
+                if chat and chunk.get("choices") and "role" in chunk["choices"][0].get("delta", {}) \
+                        and not chunk["choices"][0]["delta"].get("content"):
+                    continue  # a chat stream opens with the assistant's role: no token yet
                 if chunk.get("choices"):
                     # One chunk per arrival of tokens (its text may be empty: a detokenizer
                     # holds back an unfinished character).
@@ -442,36 +475,79 @@ def run_load(url: str, *, rate: float | None = None, num_requests: int = 32,
     """One open-loop run: Poisson arrivals at ``rate`` requests/s (``float('inf')``: all at
     once), or the requests and arrivals of a ``trace`` file. Blocks until every request ends
     (from a notebook with a running event loop, ``await run_load_async(...)`` instead)."""
+    requests, arrivals, label = _planned(rate, num_requests, prompts, output_tokens, seed, trace)
+    return _blocking(lambda: run_load_async(url, requests, arrivals, model=model, slo_ttft=slo_ttft,
+                                            slo_tpot=slo_tpot, rate=rate, ignore_eos=ignore_eos,
+                                            temperature=temperature, timeout=timeout, label=label, api_key=api_key))
+
+
+def _planned(rate: float | None, num_requests: int, prompts: Any, output_tokens: Any, seed: int,
+             trace: str | Path | None) -> tuple[list[LoadRequest], list[float] | None, str]:
+    """A run's requests, their arrival times (None: each request's own, a trace's) and its label."""
     if trace is not None:
         if rate is not None:
             raise ValueError("give a rate or a trace, not both (a trace brings its own arrival times)")
-        requests = load_trace(trace, seed)
-        arrivals, label = None, f"trace {Path(trace).name}"
+        return load_trace(trace, seed), None, f"trace {Path(trace).name}"
+    if rate is None:
+        raise ValueError("give rate (requests per second; float('inf') sends all at once) or trace")
+    requests = make_requests(num_requests, output_tokens, prompts, seed)
+    if rate == math.inf:
+        arrivals = [0.0] * num_requests
     else:
-        if rate is None:
-            raise ValueError("give rate (requests per second; float('inf') sends all at once) or trace")
-        requests = make_requests(num_requests, output_tokens, prompts, seed)
-        if rate == math.inf:
-            arrivals = [0.0] * num_requests
-        else:
-            arrivals = poisson_arrivals(rate, num_requests, seed)
-        label = f"rate {rate:g}"
-    coro = run_load_async(url, requests, arrivals, model=model, slo_ttft=slo_ttft, slo_tpot=slo_tpot, rate=rate,
-                          ignore_eos=ignore_eos, temperature=temperature, timeout=timeout, label=label,
-                          api_key=api_key)
+        arrivals = poisson_arrivals(rate, num_requests, seed)
+    return requests, arrivals, f"rate {rate:g}"
+
+
+def _blocking(make_coro: Any) -> Any:
+    """Run the coroutine ``make_coro()`` makes to its end; from inside a running event loop (a
+    notebook cell), on a loop of its own in a thread."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
-    # Called from inside an event loop (a notebook cell): run on a loop of its own in a thread.
-    coro.close()
+        return asyncio.run(make_coro())
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(run_load, url, rate=rate, num_requests=num_requests, prompts=prompts,
-                           output_tokens=output_tokens, seed=seed, trace=trace, slo_ttft=slo_ttft,
-                           slo_tpot=slo_tpot, model=model, ignore_eos=ignore_eos, temperature=temperature,
-                           timeout=timeout, api_key=api_key).result()
+        return pool.submit(lambda: asyncio.run(make_coro())).result()
+
+
+def ab_order(rounds: int) -> list[str]:
+    """The order of an A/B's replays: A B, then B A, A B, ... (``rounds`` replays per side)."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1 (replays per side), got {rounds!r}")
+    return [side for r in range(rounds) for side in ("AB" if r % 2 == 0 else "BA")]
+
+
+def run_ab(url_a: str, url_b: str, *, rounds: int = 1, warmup: bool = True, rate: float | None = None,
+           num_requests: int = 32, prompts: Sequence[str] | str | None = None,
+           output_tokens: int | Sequence[int] | None = None, seed: int = 0, trace: str | Path | None = None,
+           progress: Any = None, **kwargs: Any) -> tuple[list[LoadResult], list[LoadResult]]:
+    """An A/B: the same requests at the same arrivals (a ``trace``, or ``rate`` with
+    ``num_requests``...: made once, seeded) replayed against ``url_a`` and ``url_b``, one
+    after the other in ``ab_order(rounds)``, never at once (see the module docstring).
+
+    ``warmup``: first one short request to each server, not measured (a cold server's first
+    request pays for allocations that its second does not). ``progress(side, round, result)``
+    is called after each replay. ``kwargs``: ``run_load_async``'s (model, SLOs, timeout...).
+    Returns (A's results, B's results), each in round order; ``minillm.bench.ab.compare``
+    turns them into verdicts.
+    """
+    order = ab_order(rounds)
+    requests, arrivals, label = _planned(rate, num_requests, prompts, output_tokens, seed, trace)
+    urls = {"A": url_a, "B": url_b}
+    if warmup:
+        for url in urls.values():
+            _blocking(lambda: run_load_async(url, [LoadRequest(requests[0].prompt, 2)], [0.0], label="warm-up",
+                                             **kwargs))
+    runs: dict[str, list[LoadResult]] = {"A": [], "B": []}
+    for side in order:
+        n = len(runs[side]) + 1
+        res = _blocking(lambda: run_load_async(urls[side], requests, arrivals, rate=rate,
+                                               label=f"{label}, {side}{n if rounds > 1 else ''}", **kwargs))
+        runs[side].append(res)
+        if progress is not None:
+            progress(side, n, res)
+    return runs["A"], runs["B"]
 
 
 def sweep(url: str, rates: Sequence[float], **kwargs: Any) -> list[LoadResult]:
@@ -526,13 +602,23 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minillm load",
         description="Open-loop load test of an OpenAI-compatible server: Poisson arrivals, a trace, or a sweep "
-                    "of rates; TTFT / TPOT / ITL / end-to-end percentiles, throughput and goodput.",
-        epilog="example: python -m minillm load --url http://127.0.0.1:8000 --sweep 0.5,1,2 --json out.json",
+                    "of rates; TTFT / TPOT / ITL / end-to-end percentiles, throughput and goodput. "
+                    "A/B with two --url: the same arrivals (a trace, or --rate with --num-requests) are replayed "
+                    "against server A, then against server B, one after the other and never at once (two servers "
+                    "sharing this machine's cores would measure their contention); --rounds N alternates the order "
+                    "(A B, B A, ...) so a drift of the machine's speed weighs on both sides. Then every metric: A, "
+                    "B, B - A with a 95% bootstrap confidence interval, and a verdict for B: better, worse or "
+                    "no difference.",
+        epilog="examples: python -m minillm load --url http://127.0.0.1:8000 --sweep 0.5,1,2 --json out.json; "
+               "an A/B: python -m minillm load --url http://127.0.0.1:8000 --url http://127.0.0.1:8001 "
+               "--trace traffic.jsonl --rounds 2",
     )
-    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--url", action="append", required=True,
+                   help="the server's base URL, e.g. http://127.0.0.1:8000; give it twice for an A/B (first A, then B)")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--rate", type=float, help="requests per second (Poisson arrivals); inf = all at once")
-    mode.add_argument("--trace", help="a JSON-lines trace: arrival, prompt or prompt_tokens, output_tokens")
+    mode.add_argument("--trace", help="a JSON-lines trace: arrival, prompt (or messages, or prompt_tokens), "
+                                      "output_tokens; serve --record-trace writes one")
     mode.add_argument("--sweep", help="comma-separated rates, run one after another, e.g. 0.5,1,2,4")
     p.add_argument("--num-requests", type=int, default=32, help="requests per rate (default 32)")
     p.add_argument("--output-tokens", type=int, default=None,
@@ -540,7 +626,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", default=None,
                    help="a workload of minillm/bench/workload.py (uniform, chat, skewed...) for prompt lengths; "
                         "default: short instructions")
-    p.add_argument("--seed", type=int, default=0, help="seeds arrivals and prompt order (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds arrivals and prompt order, and an A/B's bootstrap (default 0)")
     p.add_argument("--slo-ttft", type=float, default=1.0, help="goodput SLO on TTFT, seconds (default 1.0)")
     p.add_argument("--slo-tpot", type=float, default=0.2, help="goodput SLO on TPOT, seconds (default 0.2)")
     p.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
@@ -550,7 +637,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take (default 600)")
     p.add_argument("--api-key", default=os.environ.get("MINILLM_API_KEY"),
                    help="sent as 'Authorization: Bearer <key>' (default: $MINILLM_API_KEY, else none)")
-    p.add_argument("--json", default=None, help="write summaries and per-request records to this file")
+    p.add_argument("--json", default=None, help="write summaries and per-request records to this file (A/B: "
+                                                "{'a': runs, 'b': runs, 'ab': the comparison})")
+    ab = p.add_argument_group("A/B (two --url)")
+    ab.add_argument("--rounds", type=int, default=None,
+                    help="replays per side, in alternating order A B, B A, A B, ... (default 1: A then B)")
+    ab.add_argument("--n-boot", type=int, default=None,
+                    help="bootstrap resamples per metric for the 95%% confidence intervals (default 2000)")
+    ab.add_argument("--no-warmup", action="store_true",
+                    help="skip the one unmeasured warm-up request each server gets before the first replay")
     return p
 
 
@@ -563,6 +658,10 @@ def main(argv: list[str]) -> int:
               seed=args.seed, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, model=args.model,
               ignore_eos=not args.no_ignore_eos, temperature=args.temperature, timeout=args.timeout,
               api_key=args.api_key)
+    _check_ab_args(args)
+    if len(args.url) == 2:
+        return _main_ab(args, kw)
+    args.url = args.url[0]
     if args.sweep is not None:
         try:
             rates = [float(x) for x in args.sweep.split(",") if x.strip()]
@@ -588,5 +687,57 @@ def main(argv: list[str]) -> int:
     return 0 if all(r.summary()["num_failed"] == 0 for r in results) else 1
 
 
+def _check_ab_args(args: argparse.Namespace) -> None:
+    """The A/B flags fit the number of URLs; checked before any request is sent."""
+    if len(args.url) > 2:
+        raise ValueError(f"--url was given {len(args.url)} times: one URL is a load test, two are an A/B "
+                         "(A, then B); compare more servers two at a time")
+    if len(args.url) == 2:
+        if args.sweep is not None:
+            raise ValueError("--sweep with two --url: an A/B replays one trace or one --rate against both "
+                             "servers; sweep each server on its own, or give --trace or --rate")
+        for name, value in (("--rounds", args.rounds), ("--n-boot", args.n_boot)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value}")
+        return
+    for name, given in (("--rounds", args.rounds is not None), ("--n-boot", args.n_boot is not None),
+                        ("--no-warmup", args.no_warmup)):
+        if given:
+            raise ValueError(f"{name} is for an A/B: give two --url (A, then B)")
+
+
+def _main_ab(args: argparse.Namespace, kw: dict[str, Any]) -> int:
+    """``load`` with two URLs: the A/B runs, each side's table, then the comparison."""
+    from minillm.bench.ab import ab_to_json, compare, format_ab_table
+
+    url_a, url_b = args.url
+    rounds, n_boot = args.rounds or 1, args.n_boot or 2000
+
+    def progress(side: str, n: int, res: LoadResult) -> None:  # the new row, as each replay ends
+        print(f"[{side}{n if rounds > 1 else ''}] {format_table([res]).splitlines()[2]}", file=sys.stderr, flush=True)
+
+    runs_a, runs_b = run_ab(url_a, url_b, rounds=rounds, warmup=not args.no_warmup, rate=args.rate,
+                            trace=args.trace, progress=progress, **kw)
+    for side, url, runs in (("A", url_a, runs_a), ("B", url_b, runs_b)):
+        print(f"{side}: {url} ({len(runs)} replay{'s' if len(runs) > 1 else ''} of {runs[0].label.split(',')[0]})")
+        print(format_table(runs))
+        for res in runs:
+            for e in res.errors[:5]:
+                print(f"[{side}] error: {e}", file=sys.stderr)
+        print()
+    rows = compare(runs_a, runs_b, n_boot=n_boot, seed=args.seed)
+    print(format_ab_table(rows))
+    if rounds == 1:
+        print("one replay per side: the intervals hold the requests' noise, not how much replays of one server "
+              "differ; --rounds 3 or more measures that too")
+    if args.json:
+        about = dict(url_a=url_a, url_b=url_b, rounds=rounds, order="".join(ab_order(rounds)), n_boot=n_boot,
+                     seed=args.seed, conf=0.95)
+        Path(args.json).write_text(json.dumps({"a": [r.to_json() for r in runs_a], "b": [r.to_json() for r in runs_b],
+                                               "ab": ab_to_json(rows, **about)}, indent=1))
+        print(f"wrote {args.json}")
+    return 0 if all(r.summary()["num_failed"] == 0 for r in runs_a + runs_b) else 1
+
+
 __all__ = ["LoadRequest", "LoadResult", "poisson_arrivals", "make_requests", "load_trace", "percentile", "goodput",
-           "meets_slo", "run_load", "run_load_async", "sweep", "format_table", "main"]
+           "meets_slo", "run_load", "run_load_async", "run_ab", "ab_order", "sweep", "format_table", "main"]

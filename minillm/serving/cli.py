@@ -71,6 +71,9 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=DEFAULT_MODEL_NAME,
                    help=f"the model name clients send (default {DEFAULT_MODEL_NAME})")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--record-trace", default=None, metavar="PATH",
+                   help="write every completion and chat request to PATH as a JSON-lines trace (arrival offset, "
+                        "prompt or messages, tokens produced) that 'python -m minillm load --trace PATH' replays")
     g = p.add_argument_group("limits and access")
     g.add_argument("--api-key", default=os.environ.get("MINILLM_API_KEY"),
                    help="require 'Authorization: Bearer <key>' on every /v1 route (default: $MINILLM_API_KEY, "
@@ -113,6 +116,13 @@ def _serve_parser() -> argparse.ArgumentParser:
     e.add_argument("--spec-disable-by-batch-size", type=int, default=None,
                    help="speculate only while fewer requests than this run (default 4; 0 = always)")
     e.add_argument("--seed", type=int, default=None, help="engine seed (seeds requests that give none)")
+    e.add_argument("--slo-ttft-p95", type=float, default=None, metavar="S",
+                   help="SLO controller (continuous/paged): p95 time to first token target, seconds")
+    e.add_argument("--slo-itl-p95", type=float, default=None, metavar="S",
+                   help="SLO controller: p95 inter-token latency target, seconds; the controller moves the token "
+                        "budget (--max-num-batched-tokens is its ceiling) to keep it")
+    e.add_argument("--slo-window", type=float, default=None, metavar="S",
+                   help="SLO controller: seconds of recent tokens each decision looks at (needed with a target)")
     e.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
                    help="any other LLM(...) option, e.g. --engine-option watermark=0.01 (VALUE read as JSON "
                         "when it parses, else as a string); repeatable")
@@ -147,6 +157,16 @@ def engine_kwargs_from_args(args: Any) -> dict[str, Any]:
         kw["speculative"] = spec
     elif args.num_speculative_tokens is not None or args.draft_layers is not None or args.draft_quantization:
         raise ValueError("--num-speculative-tokens, --draft-layers and --draft-quantization need --speculative-method")
+    slo = {k: v for k, v in (("ttft_p95", args.slo_ttft_p95), ("itl_p95", args.slo_itl_p95),
+                             ("window_s", args.slo_window)) if v is not None}
+    if slo:
+        if "window_s" not in slo:
+            raise ValueError("--slo-ttft-p95 / --slo-itl-p95 need --slo-window S: the seconds of recent tokens "
+                             "each decision of the SLO controller looks at (e.g. 10)")
+        if len(slo) == 1:
+            raise ValueError("--slo-window sets the SLO controller's window: give a target with it, "
+                             "--slo-ttft-p95 S and/or --slo-itl-p95 S")
+        kw["slo"] = slo
     for item in args.engine_option:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -178,12 +198,19 @@ def main(argv: list[str]) -> int:
     EngineConfig.from_kwargs(**kwargs)  # a bad option fails here, before the weights load
     limits = limits_from_args(args)
     sock = bind_socket(args.host, args.port)  # a bad or busy address too
+    recorder = None
     try:
+        if args.record_trace is not None:
+            from .trace_recorder import TraceRecorder
+
+            recorder = TraceRecorder(args.record_trace)  # a bad path fails here, before the weights load
+            print(f"recording the traffic to {args.record_trace} (replay: python -m minillm load --trace "
+                  f"{args.record_trace} --url ...)", flush=True)
         logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
         print(f"loading the engine: {kwargs}", flush=True)
         llm = AsyncLLM.from_config(**kwargs)
         try:
-            app = build_app(llm, model_name=args.served_model_name, limits=limits)
+            app = build_app(llm, model_name=args.served_model_name, limits=limits, record_trace=recorder)
             host, port = sock.getsockname()[:2]
             url_host = f"[{host}]" if ":" in host else host
             print(f"serving {args.served_model_name} on http://{url_host}:{port} "
@@ -195,6 +222,8 @@ def main(argv: list[str]) -> int:
             llm.shutdown()
     finally:
         sock.close()
+        if recorder is not None:
+            recorder.close()
     return 0
 
 

@@ -51,6 +51,7 @@ from .guards import BadRequest, RequestError, ServerLimits
 from .prometheus import ServingMetrics
 from .protocol import DEFAULT_MODEL_NAME, ChatCompletionRequest, CompletionRequest, _Body, one_prompt, parse_body
 from .shutdown import GracefulServer, bind_socket
+from .trace_recorder import TraceRecorder
 
 logger = logging.getLogger("minillm.serving")
 
@@ -63,12 +64,16 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME, limits: ServerLimits | None = None):
+def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME, limits: ServerLimits | None = None,
+              record_trace: str | TraceRecorder | None = None):
     """The FastAPI app serving ``async_llm`` under ``model_name`` (the ``model`` clients must send).
 
     ``limits``: body size, queue, API key (``ServerLimits``; default: 1 MiB bodies, no queue
     limit, no key). ``app.state.abort_in_flight()`` aborts this app's requests in flight
-    (each ends with finish_reason "abort"); a graceful shutdown calls it.
+    (each ends with finish_reason "abort"); a graceful shutdown calls it. ``record_trace``: a
+    path (or a ``TraceRecorder``) where every completion and chat request is written as a
+    trace line that ``python -m minillm load --trace`` replays (``trace_recorder.py``);
+    ``app.state.recorder`` holds it, whose ``close()`` is the caller's.
     """
     from fastapi import Depends, FastAPI
     from fastapi.responses import JSONResponse, Response
@@ -87,6 +92,9 @@ def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME, limits:
     admission = guards.Admission(async_llm, engine.resolved.max_num_seqs, limits.max_queued_requests)
     active: set[RequestStream] = set()  # this app's requests in the engine (event loop only)
     app.state.limits, app.state.admission, app.state.active = limits, admission, active
+    recorder = record_trace if record_trace is None or isinstance(record_trace, TraceRecorder) \
+        else TraceRecorder(record_trace)
+    app.state.recorder = recorder
 
     def abort_in_flight() -> int:
         streams = list(active)
@@ -152,6 +160,7 @@ def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME, limits:
         return stream
 
     async def handle(request: Request, chat: bool):
+        arrival = recorder.arrived() if recorder is not None else 0.0
         guards.check_content_type(request.headers)
         raw = await guards.read_body(request, limits.max_body_bytes)  # read whole: the connection stays usable
         with admission.slot():  # 429 past the queue limit; held until the request is in the engine
@@ -177,6 +186,8 @@ def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME, limits:
             except EngineDeadError as e:  # the engine loop has stopped (shut down, or a step failed)
                 logger.error("rejected a request: %s", e)
                 return reject("the engine is not running", code="engine_unavailable", status=503)
+            if recorder is not None:
+                recorder.start(stream, arrival, prompt, messages, max_tokens)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if body.stream:  # the response watches for the client's disconnect itself (_SSEResponse)
             return _SSEResponse(_sse(stream, rid, chat, include_usage), media_type="text/event-stream",
@@ -198,6 +209,8 @@ def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME, limits:
             gone.cancel()
             stream.abort()  # a no-op once finished; frees the blocks if this handler was cancelled
             active.discard(stream)
+            if recorder is not None:
+                recorder.end(stream)
         o = final.output
         usage = _usage(len(o.prompt_token_ids), len(o.token_ids))
         if chat:
@@ -243,6 +256,8 @@ def build_app(async_llm: AsyncLLM, model_name: str = DEFAULT_MODEL_NAME, limits:
         finally:
             stream.abort()  # the client went away (or we are done): free its blocks now
             active.discard(stream)
+            if recorder is not None:
+                recorder.end(stream)
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(request: Request):
@@ -335,6 +350,8 @@ class ServerHandle:
         engine loop down too if this handle built it."""
         self.server.should_exit = True
         self.thread.join(timeout)
+        if getattr(self.app.state, "recorder", None) is not None:
+            self.app.state.recorder.close()  # the requests still open are written as far as they got
         if self.owns_llm:
             self.llm.shutdown()
 
@@ -351,14 +368,15 @@ GRACE_S = 2.0  # serve_in_background: how long requests in flight may run on aft
 def serve_in_background(host: str = "127.0.0.1", port: int = 0, *, async_llm: AsyncLLM | None = None,
                         model_name: str = DEFAULT_MODEL_NAME, log_level: str = "warning",
                         timeout: float = 60.0, limits: ServerLimits | None = None,
-                        **engine_kwargs: Any) -> ServerHandle:
+                        record_trace: str | TraceRecorder | None = None, **engine_kwargs: Any) -> ServerHandle:
     """Start the server in a thread and return once it accepts connections.
 
     ``port=0`` picks a free port (``handle.url`` says which). ``async_llm`` reuses an
     engine with its weights already loaded (then ``engine_kwargs`` must be empty, and
     ``stop()`` leaves it running); otherwise one is built from ``engine_kwargs``
     (``LLM(...)``'s options; the server's default engine is ``paged``). ``limits``: the
-    server's limits (``ServerLimits``: body size, queue, API key).
+    server's limits (``ServerLimits``: body size, queue, API key). ``record_trace``: write the
+    traffic as a replayable trace (``build_app``); ``stop()`` closes it.
     """
     import uvicorn
 
@@ -369,7 +387,7 @@ def serve_in_background(host: str = "127.0.0.1", port: int = 0, *, async_llm: As
     llm = None
     try:
         llm = async_llm or AsyncLLM.from_config(**{**SERVER_ENGINE_DEFAULTS, **engine_kwargs})
-        app = build_app(llm, model_name=model_name, limits=limits)
+        app = build_app(llm, model_name=model_name, limits=limits, record_trace=record_trace)
         port = sock.getsockname()[1]
         config = uvicorn.Config(app, log_level=log_level, access_log=False)
         server = GracefulServer(config, on_grace_expired=app.state.abort_in_flight, grace=GRACE_S)
