@@ -44,6 +44,7 @@ A hit on an evictable block takes it back out of the pool.
 """
 from __future__ import annotations
 
+import itertools
 import operator
 import time
 from collections import OrderedDict, deque
@@ -390,6 +391,23 @@ def _short(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit - 5] + " ...]"
 
 
+def blocks_to_offload(evictable: Sequence[tuple[int, float]], on_host: set[int], now: float,
+                      idle_s: float) -> list[int]:
+    """The evictable blocks to copy to the host tier now: idle for ``idle_s`` seconds or
+    more (``now - freed_at >= idle_s``) and not already held there, least recently freed first.
+
+    ``evictable`` is the pool in LRU order, ``(block, freed_at)``: the idle blocks lead it,
+    so the scan stops at the first block that is not idle yet.
+    """
+    chosen = []
+    for b, freed_at in evictable:
+        if now - freed_at < idle_s:
+            break
+        if b not in on_host:
+            chosen.append(b)
+    return chosen
+
+
 def lru_victim(evictable: "OrderedDict[int, float]") -> int:
     """The evictable block to reuse next: the least recently freed (the front of the pool).
 
@@ -476,13 +494,37 @@ class BlockManager:
         host = self.host
         if host is None:
             return 0
-        a, since_max, queued = self.allocator, now - host.idle_s, 0
-        for b, since in a.evictable.items():  # least recently freed first: the idle ones lead
-            if since is None or since > since_max:
-                break
-            if not host.holds(a.block_hash[b]):
-                queued += host.offload(b, a.block_hash[b], a.block_tokens[b], idle=True)
-        return queued
+        a = self.allocator
+        mine = seams.plugged("blocks_to_offload")  # a learner's choice (chapter 9), when plugged in
+        if mine is None:  # the idle blocks lead the pool: scan up to the first one that is not
+            idle = itertools.takewhile(lambda item: now - item[1] >= host.idle_s, a.evictable.items())
+            chosen = [b for b, _ in idle if not host.holds(a.block_hash[b])]
+        else:
+            pool = list(a.evictable.items())  # LRU first
+            on_host = {b for b, _ in pool if host.holds(a.block_hash[b])}
+            chosen = self._checked_offload_choice(mine(list(pool), set(on_host), now, host.idle_s), pool, on_host)
+        return sum(host.offload(b, a.block_hash[b], a.block_tokens[b], idle=True) for b in chosen)
+
+    @staticmethod
+    def _checked_offload_choice(got: Any, pool: list[tuple[int, float]], on_host: set[int]) -> list[int]:
+        """What a plugged ``blocks_to_offload`` returned, checked: evictable blocks the host lacks, each once."""
+        where = "blocks_to_offload (exercises/ch09_operating_slos.py)"
+        try:
+            chosen = _block_ids(got)
+        except TypeError:
+            raise ValueError(f"{where} must return a list of block ids, got {_short(got)}") from None
+        offered, seen = {b for b, _ in pool}, set()
+        for b in chosen:
+            if b not in offered:
+                raise ValueError(f"{where} returned block {b}, which is not in the evictable pool "
+                                 f"{_short([x for x, _ in pool])}")
+            if b in on_host:
+                raise ValueError(f"{where} returned block {b}, whose K/V the host tier already holds: "
+                                 "copy only blocks it lacks")
+            if b in seen:
+                raise ValueError(f"{where} returned block {b} twice: {_short(chosen)}")
+            seen.add(b)
+        return chosen
 
     def take_kv_copies(self) -> KVCopies:
         """The copies between the tiers owed so far (to make before the next forward writes K/V)."""

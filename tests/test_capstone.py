@@ -57,7 +57,7 @@ def test_a_leaking_allocator_is_caught():
 
 def test_bad_piece_name_is_a_clear_error():
     with pytest.raises(ValueError, match="no piece matches"):
-        capstone.run("solutions", ["ch09"], progress=False)
+        capstone.run("solutions", ["ch99"], progress=False)
 
 
 def test_the_throughput_column_names_no_noise_as_a_result():

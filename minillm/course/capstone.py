@@ -83,6 +83,17 @@ PIECES: list[Piece] = [
     # engine (minillm/course/one_engine.py) on modelled time; the rest of it is the library's.
     Piece("arrivals, goodput, token budget", "ch07_serving_online",
           ("poisson_arrivals", "goodput", "next_token_budget")),
+    # The host tier copies every freed prefix block at the next step (idle_s 0: whatever the
+    # clock says), so the copies of each step are part of the schedule compared.
+    Piece("host KV tier", "ch09_operating_slos", ("blocks_to_offload",),
+          dict(engine="paged", max_num_seqs=3, block_size=8, num_blocks=24, max_model_len=96,
+               enable_prefix_caching=True, kv_offload={"host_blocks": 32, "idle_s": 0.0})),
+    # The controller moves the budget on modelled time (_slo_ab_piece); then the A/B table
+    # (minillm.bench.ab) compares that run with the same requests at a fixed budget.
+    Piece("SLO controller and A/B", "ch09_operating_slos", ("slo_decision", "bootstrap_ci"),
+          dict(engine="paged", max_num_seqs=4, block_size=8, max_model_len=256, enable_chunked_prefill=True,
+               max_num_batched_tokens=128,
+               slo={"ttft_p95": 0.4, "itl_p95": 0.07, "window_s": 0.6, "interval_s": 0.3, "min_budget": 8})),
     # Two ranks, each a process: the learner's shards cut the weights, the learner's MLP
     # (from the exercises module, which the workers import) runs on every rank.
     Piece("tensor parallelism", "ch10_beyond_one_device", ("shard_linear", "parallel_mlp", "allreduce_bytes_per_step"),
@@ -163,7 +174,10 @@ class _Strict:
 
 
 def _schedule(engine) -> list[tuple]:
-    return [(tuple(s.request_ids), tuple(s.num_new_tokens), s.kv_reserved_bytes) for s in engine.step_records]
+    """Per step: the rows, the KV bytes held; with a host tier, the tokens it restored and the blocks copied down."""
+    host = getattr(engine.config, "kv_offload", None) is not None
+    return [(tuple(s.request_ids), tuple(s.num_new_tokens), s.kv_reserved_bytes)
+            + ((s.host_hit_tokens, s.kv_blocks_offloaded) if host else ()) for s in engine.step_records]
 
 
 def _run_engine(lab, options: dict, prompts: list[list[int]], classes: Sequence[str] | None = None,
@@ -233,6 +247,99 @@ def _ch00_loop(lab, greedy_generate: Callable, prompt: list[int], n: int) -> lis
     return list(greedy_generate(forward, list(prompt), n, -1))  # no EOS: exactly n tokens, like ignore_eos
 
 
+SLO_ARRIVAL_GAP = 0.1  # modelled seconds between two arrivals of the SLO piece's requests
+
+
+def _modelled_run(lab, options: dict, prompts: list[list[int]], plug: dict[str, Callable]):
+    """``prompts`` arriving every ``SLO_ARRIVAL_GAP`` modelled seconds; after each step the clock
+    advances by the cost model's prediction (as in ``one_engine``), so the SLO controller sees
+    the same latencies on every machine. (engine, requests)."""
+    from minillm.bench.cost_model import CostModel, record_features
+    from minillm.clock import VirtualClock
+    from minillm.sampling_params import SamplingParams
+
+    cost, clock = CostModel(), VirtualClock()
+    eng = lab.engine(**options)
+    eng.clock = clock
+    eng.scheduler.clock = clock.now
+    reqs = [eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=OUTPUT_LENS[i % len(OUTPUT_LENS)],
+                                              ignore_eos=True), arrival_time=SLO_ARRIVAL_GAP * i)
+            for i, p in enumerate(prompts)]
+    with seams.plug(**plug):
+        while eng.has_unfinished():
+            before = len(eng.step_records)
+            eng.step()
+            for rec in eng.step_records[before:]:
+                clock.advance(cost.predict(record_features(rec)))
+    return eng, reqs
+
+
+def _load_result(reqs, label: str):
+    """The requests of a modelled run as a load result (``minillm.bench.ab.compare`` reads those)."""
+    from minillm.bench.loadgen import LoadResult
+
+    records = []
+    for r in reqs:
+        m = r.metrics
+        records.append({"ok": True, "ttft": m.ttft, "tpot": m.tpot, "e2e": m.finish_time - m.arrival_time,
+                        "itls": [b - a for a, b in zip(m.token_times, m.token_times[1:])],
+                        "arrival": m.arrival_time, "lag": 0.0, "output_tokens": len(r.output_token_ids),
+                        "status": 200})
+    start = min(r.metrics.arrival_time for r in reqs)
+    return LoadResult("modelled", None, records, max(r.metrics.finish_time for r in reqs) - start, label=label)
+
+
+def _slo_ab_piece(lab, piece: Piece, fns: dict[str, Callable], prompts: list[list[int]]) -> PieceResult:
+    """Chapter 9's controller and A/B: the engine with ``piece.engine``'s SLO targets on modelled time,
+    the library's rule against yours (tokens, schedule, every budget move); then the A/B table of
+    that run against the same requests at a fixed budget, the library's bootstrap against yours
+    (every row's B - A; the verdict of every row whose interval is clear of 0 by a tenth of its width)."""
+    from minillm.bench import ab
+
+    work = [(lab.tokenizer(SHARED_PREFIX).input_ids + p) * 3 for p in prompts] * 2  # long enough to chunk
+    _, fixed_reqs = _modelled_run(lab, {k: v for k, v in piece.engine.items() if k != "slo"}, work, {})
+    lib, lib_reqs = _modelled_run(lab, piece.engine, work, {})
+    own, own_reqs = _modelled_run(lab, piece.engine, work, {"slo_decision": fns["slo_decision"]})
+    moves = [[(e.old_budget, e.new_budget, e.reason) for e in eng.slo_controller.events] for eng in (own, lib)]
+    tokens = [[list(r.output_token_ids) for r in reqs] for reqs in (own_reqs, lib_reqs)]
+    same_tokens, same_sched = tokens[0] == tokens[1], _schedule(own) == _schedule(lib)
+    notes = []
+    if moves[0] != moves[1]:
+        k = next((i for i, (m, n) in enumerate(zip(*moves)) if m != n), min(map(len, moves)))
+        mine, theirs = (m[k] if k < len(m) else "none" for m in moves)
+        notes.append(f"budget move {k} (old, new, why): yours {mine}, library {theirs}")
+    if not same_sched:
+        notes.append(first_step_difference(_schedule(own), _schedule(lib)))
+    if not same_tokens:
+        notes.append(first_token_difference(*tokens))
+    bm = own.scheduler.block_manager
+    try:
+        bm.check_invariants()
+        free = bm.num_free_blocks == bm.num_blocks and not own.has_unfinished()
+    except AssertionError:
+        free = False
+    a, b = _load_result(fixed_reqs, "fixed budget"), _load_result(lib_reqs, "SLO controller")
+    want = ab.compare(a, b, n_boot=1000)
+    with seams.plug(bootstrap_ci=fns["bootstrap_ci"]):
+        got = ab.compare(a, b, n_boot=1000)
+    for w, g in zip(want, got):
+        if w.ci_low is None:
+            continue
+        width = w.ci_high - w.ci_low
+        clear = width == 0 or min(abs(w.ci_low), abs(w.ci_high)) > 0.1 * width
+        if abs(g.diff - w.diff) > 1e-9 * max(1.0, abs(w.diff)) or (clear and g.verdict != w.verdict):
+            notes.append(f"A/B (SLO controller against a fixed budget), {w.metric}: B - A yours {g.diff:.6g} "
+                         f"[{g.ci_low:.4g}, {g.ci_high:.4g}] {g.verdict}, library {w.diff:.6g} "
+                         f"[{w.ci_low:.4g}, {w.ci_high:.4g}] {w.verdict}")
+            break
+    ok = not notes and free
+    if not free:
+        notes.append("KV blocks still held after the run (a leak)")
+    same_moves = moves[0] == moves[1]
+    return PieceResult(piece, "ok" if ok else "differs", same_tokens, same_sched and same_moves, free,
+                       detail="; ".join(notes))
+
+
 def run_piece(lab, piece: Piece, impl: str, prompts: list[list[int]],
               override: dict[str, Callable] | None = None, repeats: int = SPEED_REPEATS) -> PieceResult:
     """One row of the table. ``override`` replaces some of the piece's functions (tests
@@ -275,6 +382,8 @@ def run_piece(lab, piece: Piece, impl: str, prompts: list[list[int]],
             return PieceResult(piece, "differs" if bad else "ok", yours.tokens == library.tokens,
                                yours.schedule == library.schedule, yours.blocks_free,
                                detail="; ".join(f"{c.what}: {c.detail}" for c in bad))
+        if piece.engine.get("slo"):  # chapter 9: the controller on modelled time, then an A/B
+            return _slo_ab_piece(lab, piece, fns, prompts)
         classes = CLASSES if piece.engine.get("scheduling_policy") == "priority" else None
         work = [lab.tokenizer(SHARED_PREFIX).input_ids + p for p in prompts] if piece.engine.get(
             "enable_prefix_caching") else prompts

@@ -60,10 +60,12 @@ SERVER_QUESTION = "Name the largest planet of the solar system."
 SERVER_MAX_TOKENS = 12
 
 # The seams this engine exercises; static_schedule and schedule_step belong to the other
-# engines, chapter 10's to an engine split over processes, chapter 11's to a quantized engine
-# whose learner's paths are slow (a dequantized weight per call, a kernel in Triton's
-# interpreter): their own rows of the capstone.
-OTHER_ENGINES = ("static_schedule", "schedule_step", "shard_linear", "parallel_mlp", "allreduce_bytes_per_step",
+# engines, chapter 9's to a host KV tier and to the SLO controller and A/B table (this
+# engine's budget is chapter 7's controller), chapter 10's to an engine split over processes,
+# chapter 11's to a quantized engine whose learner's paths are slow (a dequantized weight per
+# call, a kernel in Triton's interpreter): their own rows of the capstone.
+OTHER_ENGINES = ("static_schedule", "schedule_step", "blocks_to_offload", "slo_decision", "bootstrap_ci",
+                 "shard_linear", "parallel_mlp", "allreduce_bytes_per_step",
                  "quantize_groups", "dequantize_groups", "int8_gemv_triton")
 
 
@@ -210,6 +212,9 @@ def first_step_difference(sched: Sequence[tuple], ref: Sequence[tuple]) -> str:
     rows, lib_rows = list(zip(mine[0], mine[1])), list(zip(lib[0], lib[1]))
     if rows != lib_rows:
         return f"first different step: {k}: rows (request, tokens fed) yours {rows}, library {lib_rows}"
+    if mine[2] == lib[2] and mine[3:] != lib[3:]:  # the host tier's part of the step (capstone._schedule)
+        return (f"first different step: {k}: host tier (tokens restored, blocks copied down) yours {mine[3:]}, "
+                f"library {lib[3:]} (same rows {rows})")
     return f"first different step: {k}: KV bytes held yours {mine[2]}, library {lib[2]} (same rows {rows})"
 
 
@@ -268,9 +273,9 @@ def format_report(yours: AllRun, library: AllRun, checks: list[Check], missing: 
         lines += [f"still to write in exercises/{ch}.py (the library's code ran in their place): {', '.join(names)}"
                   for ch, names in missing.items()]
     lines.append("\nnot in this engine: static_schedule (ch01) and schedule_step (ch02) schedule the static and "
-                 "continuous engines, greedy_generate (ch00) is a decode loop of its own, chapter 10's pieces "
-                 "split an engine over processes and chapter 11's serve a quantized engine: python -m minillm "
-                 "capstone runs them")
+                 "continuous engines, greedy_generate (ch00) is a decode loop of its own, chapter 9's pieces run "
+                 "a host KV tier and the SLO controller with an A/B, chapter 10's pieces split an engine over "
+                 "processes and chapter 11's serve a quantized engine: python -m minillm capstone runs them")
     return "\n".join(lines)
 
 

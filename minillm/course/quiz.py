@@ -196,6 +196,33 @@ QUIZZES: dict[str, list[Question]] = {
             "the running decodes wait less between their tokens",
             "it keeps the budget: a p95 over the target is normal under load")),
     ],
+    "ch09": [
+        _q("q1", """SmolLM2-135M has 30 layers, 3 KV heads and head_dim 64. The host tier copies whole KV blocks
+            of 16 tokens, keys and values of every layer, in float32. How many bytes does offloading one block
+            copy?""", "c016d63ade395f1550a2", decimals=0),
+        _q("q2", """A returning user's prefix is found in the host tier: its blocks are copied back to the device
+            instead of being recomputed. Why does the copy take less time than recomputing?""",
+           "9db9973bc3085661ccc1",
+           ("host memory is faster than device memory, so K/V read from it arrive sooner",
+            "recomputing runs every prefix token through every layer (about 2 x 135 million FLOPs a token, plus "
+            "attention over the tokens before it), while the copy moves only that token's K/V, tens of kilobytes",
+            "a restored block needs no attention in the steps that follow",
+            "recomputing the prefix would change the greedy tokens, so it must be avoided")),
+        _q("q3", """The SLO controller keeps the budget while a p95 lies between headroom x its target and its
+            target (the hysteresis band). What does that band prevent?""", "f15b5021e2edb717fb7d",
+           ("the budget falling below max_num_seqs, one step's decodes",
+            "a cut when the p95 ITL is over its target",
+            "oscillation: raising whenever a p95 is just under its target would push it over at the next "
+            "interval and bring a cut, so the budget would swing up and down at every decision",
+            "the TTFT window counting the requests that still wait for their first token")),
+        _q("q4", """An A/B of two servers on the same trace gives, for TTFT p95, a 95% percentile-bootstrap
+            interval of B - A of [-40 ms, +25 ms]. What can you conclude?""", "2ecc2b3dfd40e7cf0d03",
+           ("B is better: most of the interval lies below 0",
+            "the two servers have the same TTFT p95",
+            "B is worse with probability 95%",
+            "no difference was detected at 95%: the data fit B anywhere from 40 ms faster to 25 ms slower, "
+            "which is not proof that the two are the same")),
+    ],
     "ch10": [
         _q("q1", """SmolLM2-135M (30 layers, hidden size 576) runs on 2 ranks and prefills a prompt of 100 tokens
             in bfloat16 (2 bytes an element). With the chapter's two all-reduces a layer, how many bytes does each
