@@ -33,8 +33,9 @@ server named twice (``--same-server``) said "no difference" on every metric in 9
 traces; with two identical engines, 9/10 in one full run and 2/10 and 7/10 on ITL p50 in
 two others. Two causes, both visible in the log lines: a shared 2-core machine drifts (one
 server's ITL p50 moves 20-50% within a minute when other jobs start), and two engines
-built alike in one process need not run alike (A, built first, 2-4% slower in ITL p50
-through several traces, where one server named twice agrees with itself within 1%).
+built alike in one process need not run alike (A, built first, 2-12% slower in ITL p50
+in every replay of several traces in a row, where one server named twice agrees with
+itself within 1%).
 ITL p50, whose interval is the narrowest (hundreds of gaps), is the first to see either.
 """
 from __future__ import annotations
