@@ -50,7 +50,7 @@ SEAMS: dict[str, Seam] = {s.name: s for s in [
     Seam("admission_order", "ch06_prefix_and_priority", "scheduler.priority.admission_order"),
     Seam("poisson_arrivals", "ch07_serving_online", "bench.loadgen.poisson_arrivals: open-loop arrival times"),
     Seam("goodput", "ch07_serving_online", "bench.loadgen.goodput: requests per second within the SLO"),
-    Seam("next_token_budget", "ch07_serving_online", "bench.sweep.slo_token_budget: the token-budget controller"),
+    Seam("next_token_budget", "ch07_serving_online", "slo.slo_token_budget: the token-budget controller (bench.sweep and the engine's SLO controller)"),
     Seam("blocks_to_offload", "ch09_operating_slos", "BlockManager.offload_idle: idle prefix blocks to copy to the host tier"),
     Seam("slo_decision", "ch09_operating_slos", "slo.slo_decision: the SLO controller's next budget (its itl_break clamp stays)"),
     Seam("bootstrap_ci", "ch09_operating_slos", "bench.ab.bootstrap_diff: B - A of a percentile, its interval (flat)"),

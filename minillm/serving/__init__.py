@@ -8,6 +8,7 @@
     shutdown.py    a bounded graceful shutdown (SIGTERM / Ctrl-C) for uvicorn
     cli.py         python -m minillm serve: flags checked before the model loads
     prometheus.py  the /metrics exposition: every metric name declared once, its collector
+    trace_recorder.py  serve --record-trace: the traffic received, as a trace that load replays
 
 The load generator speaks only HTTP and lives with the measuring kit (``minillm.bench.loadgen``).
 
