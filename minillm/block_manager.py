@@ -554,32 +554,34 @@ class BlockManager:
         if mine is not None:
             return self._lookup_plugged(mine, request, max_blocks)
         a, bs, tokens = self.allocator, self.block_size, request.all_token_ids
-        hit, h = [], ROOT_HASH
+        hit, parent = [], ROOT_HASH
         for i in range(max_blocks):
             block = tuple(tokens[i * bs:(i + 1) * bs])
-            h = hash_block_tokens(h, block)
+            h = hash_block_tokens(parent, block)
             b = a.cached.get(h)
             # The stored tokens are compared too: a hash collision is a miss, never wrong K/V.
             if b is None or a.block_tokens[b] != block:
                 break
             hit.append(b)
-        return self._extend_from_host(request, hit, max_blocks)
+            parent = h
+        return self._extend_from_host(request, hit, max_blocks, parent)
 
-    def _extend_from_host(self, request: Any, hit: list, max_blocks: int) -> list:
-        """``hit`` (device blocks) continued past its end by the blocks either tier holds:
-        a device block where the device has it, else a ``HostHit`` (restored on admission)."""
+    def _extend_from_host(self, request: Any, hit: list, max_blocks: int, parent: int) -> list:
+        """``hit`` (device blocks; ``parent`` the hash of its last) continued past its end by the
+        blocks either tier holds: a device block where the device has it, else a ``HostHit``
+        (restored on admission)."""
         host = self.host
         if host is None or len(hit) >= max_blocks:
             return hit
         a, bs, tokens = self.allocator, self.block_size, request.all_token_ids
-        hashes = block_hashes(tokens, bs, max_blocks)
         for i in range(len(hit), max_blocks):
             block = tuple(tokens[i * bs:(i + 1) * bs])
-            b = a.cached.get(hashes[i])
+            h = parent = hash_block_tokens(parent, block)
+            b = a.cached.get(h)
             if b is not None and a.block_tokens[b] == block:
                 hit.append(b)
                 continue
-            hb = host.lookup(hashes[i], block)
+            hb = host.lookup(h, block)
             if hb is None:
                 break
             hit.append(HostHit(hb))
@@ -608,6 +610,7 @@ class BlockManager:
             raise ValueError(f"{where} returned {len(hit)} blocks for request {rid!r} of {request.num_tokens} "
                              f"tokens: at most max_blocks = {max_blocks} (the last prompt token is always "
                              f"computed); got {_short(hit)}")
+        parent = ROOT_HASH
         for i, h in enumerate(block_hashes(tokens, bs, len(hit))):
             b = hit[i]
             if not 0 <= b < a.num_blocks or a.block_hash[b] != h:
@@ -617,7 +620,8 @@ class BlockManager:
                                  f"block does not hold the prompt's block {i} (which {truth}); got {_short(hit)}")
             if a.block_tokens[b] != tuple(tokens[i * bs:(i + 1) * bs]):
                 return hit[:i]  # a hash collision: a miss, never wrong K/V
-        return self._extend_from_host(request, hit, max_blocks)
+            parent = h
+        return self._extend_from_host(request, hit, max_blocks, parent)
 
     def can_share_prefix(self, request: Any, hit: list[int], num_tokens: int, admit: bool = True) -> bool:
         """``can_grow`` for a request about to share the cached blocks ``hit``: the hits it

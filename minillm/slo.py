@@ -169,15 +169,8 @@ def _checked_decision(got: Any, budget: int, ttft_p95: float | None, itl_p95: fl
     """What a plugged ``slo_decision`` returned, as an int; ValueError if the controller cannot take it."""
     where = (f"the slo_decision seam (exercises/ch09_operating_slos.py::slo_decision), for budget {budget}, "
              f"p95 TTFT {ttft_p95!r} (target {c.ttft_p95!r}) and p95 ITL {itl_p95!r} (target {c.itl_p95!r}),")
-    if isinstance(got, bool) or not isinstance(got, numbers.Integral):
-        raise ValueError(f"{where} returned {got!r}: return the next budget as an int")
-    if not min_budget <= got <= max_budget:
-        raise ValueError(f"{where} returned {got}, outside [min_budget, max_budget] = [{min_budget}, {max_budget}]: "
-                         f"clamp the result to the bounds")
-    if c.itl_p95 is not None and itl_p95 is not None and itl_p95 > c.itl_p95 and got > max(budget, min_budget):
-        raise ValueError(f"{where} returned {got}, more than the budget, while the p95 ITL is over its target: "
-                         f"a broken ITL must lower the budget (budget * decrease), never raise it")
-    return int(got)
+    return checked_budget(got, budget, itl_p95 if c.itl_p95 is not None else None, c.itl_p95, min_budget,
+                          max_budget, where=where)
 
 
 def check_budget_settings(target: float, min_budget: int, max_budget: int, decrease: float = 0.5,
@@ -194,19 +187,21 @@ def check_budget_settings(target: float, min_budget: int, max_budget: int, decre
         raise ValueError(f"decrease must be in (0, 1) and headroom in (0, 1], got {decrease!r}, {headroom!r}")
 
 
-def checked_budget(got: Any, budget: int, itl_p95: float | None, target: float, min_budget: int,
-                   max_budget: int) -> int:
-    """What a plugged ``next_token_budget`` returned, as an int; ValueError if the engine cannot take it."""
-    where = (f"the next_token_budget seam (exercises/ch07_serving_online.py::next_token_budget), "
-             f"for budget {budget} and p95 ITL {itl_p95!r} (target {target!r} s),")
+def checked_budget(got: Any, budget: int, itl_p95: float | None, target: float | None, min_budget: int,
+                   max_budget: int, where: str | None = None) -> int:
+    """What a plugged ``next_token_budget`` (or ``slo_decision``: ``where`` names it) returned, as
+    an int; ValueError if the engine cannot take it."""
+    if where is None:
+        where = (f"the next_token_budget seam (exercises/ch07_serving_online.py::next_token_budget), "
+                 f"for budget {budget} and p95 ITL {itl_p95!r} (target {target!r} s),")
     if isinstance(got, bool) or not isinstance(got, numbers.Integral):
         raise ValueError(f"{where} returned {got!r}: return the next budget as an int (math.floor a product)")
     if not min_budget <= got <= max_budget:
         raise ValueError(f"{where} returned {got}, outside [min_budget, max_budget] = [{min_budget}, {max_budget}]: "
                          f"clamp the result to the bounds")
     if itl_p95 is not None and itl_p95 > target and got > max(budget, min_budget):
-        raise ValueError(f"{where} returned {got}, more than the budget, while the p95 ITL is over the target: "
-                         f"a broken SLO must lower the budget (budget * decrease), never raise it")
+        raise ValueError(f"{where} returned {got}, more than the budget, while the p95 ITL is over its target: "
+                         f"a broken ITL must lower the budget (budget * decrease), never raise it")
     return int(got)
 
 
