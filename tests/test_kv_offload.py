@@ -418,3 +418,76 @@ def test_real_model_offload_metrics_reach_the_snapshot_steps_and_prometheus(real
                  names.KV_HOST_BLOCKS_USED, names.PREFIX_HIT_TOKENS):
         assert name in text
     assert "'tier': 'host'" in text and "'direction': 'in'" in text
+
+
+# -------------------------------------------------------------- on a GPU (make gpu-check)
+
+TINY_CFG = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                head_dim=16, max_position_embeddings=512)
+
+
+def _cuda_engine(dtype: str, **kwargs):
+    from minillm.config import ModelConfig
+    from minillm.engine import build_engine
+    opts = dict(device="cuda", dtype=dtype, engine="paged", attention_backend="triton", block_size=16,
+                max_model_len=256, max_num_seqs=2, num_blocks=18, enable_prefix_caching=True) | kwargs
+    return build_engine(EngineConfig(**opts), model_config=ModelConfig(**TINY_CFG), tokenizer=None)
+
+
+def _tiny_multi_turn(engine, conversations=5, turns=3, batch=1, max_tokens=GREEDY_TOKENS):
+    from minillm import SamplingParams
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    history = [[rng.randrange(3, 128) for _ in range(40)] for _ in range(conversations)]
+    outs = []
+    for _ in range(turns):
+        for i in range(0, conversations, batch):
+            group = range(i, min(i + batch, conversations))
+            got = [o.token_ids for o in engine.run([engine.make_request(history[j], params) for j in group])]
+            for j, o in zip(group, got):
+                outs.append(o)
+                history[j] = history[j] + o + [rng.randrange(3, 128) for _ in range(17)]
+    return outs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kwargs", [{}, {"max_num_batched_tokens": 24, "enable_chunked_prefill": True},
+                                    {"num_blocks": 16, "max_num_seqs": 5}],
+                         ids=["plain", "chunked-prefill", "preemption"])
+def test_cuda_host_tier_in_pinned_memory_gives_the_same_greedy_tokens(dtype, kwargs):
+    run = dict(batch=5, max_tokens=24) if "max_num_seqs" in kwargs else {}
+    off = _cuda_engine(dtype, **kwargs)
+    on = _cuda_engine(dtype, kv_offload={"host_blocks": 64, "idle_s": 0.0}, **kwargs)
+    assert on.runner.host_kv.caches[0][0].is_pinned()
+    want, got = _tiny_multi_turn(off, **run), _tiny_multi_turn(on, **run)
+    assert got == want
+    assert on.scheduler.host_hit_tokens > 0 and on.runner.host_kv.blocks_in > 0, "the host tier was never hit"
+    bm = on.scheduler.block_manager
+    bm.check_invariants()
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_restored_kv_is_bit_for_bit_the_computed_kv(dtype):
+    from minillm import SamplingParams
+    engine = _cuda_engine(dtype, kv_offload={"host_blocks": 64, "idle_s": 60.0})  # offloads on eviction only
+    bm, caches = engine.scheduler.block_manager, engine.runner.kv_caches
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    rng = random.Random(3)
+    first = [rng.randrange(3, 128) for _ in range(100)]
+    engine.run([engine.make_request(first, params)])
+    a = bm.allocator
+    computed = {h: [(k[b].clone(), v[b].clone()) for k, v in caches] for h, b in a.cached.items()}
+    assert len(computed) == 6
+    for _ in range(3):
+        engine.run([engine.make_request([rng.randrange(3, 128) for _ in range(200)], params)])
+    assert not set(computed) & set(a.cached), "the first prompt's blocks are still on the device"
+    engine.run([engine.make_request(first + [5, 6, 7], params)])
+    torch.cuda.synchronize()
+    assert engine.scheduler.host_hit_tokens == 6 * 16
+    for h, kv in computed.items():
+        b = a.cached[h]
+        for (k, v), (k0, v0) in zip(caches, kv):
+            assert torch.equal(k[b], k0) and torch.equal(v[b], v0), "a restored block differs from its K/V"

@@ -6,7 +6,8 @@ On a machine with CUDA (budget: 8 minutes in all):
     2. nbval on every chapter         the notebooks still run top to bottom on a GPU
     3. engine vs transformers         bf16, dummy weights at SmolLM2's real shapes (no GGUF
                                       needed): step time, tokens/s and Triton compile counts;
-                                      the paged engine with int8 and q4 weights too
+                                      the paged engine with int8 and q4 weights too, and
+                                      multi-turn chat with the host KV tier (pinned memory)
 
 and writes ``gpu_check.json`` (plus each part's log) under ``--out`` (default ``$OUT`` or
 ``out/``). A part that overruns its share of the budget is stopped and reported, so the
@@ -122,6 +123,19 @@ def bench(gpu: bool, num_requests: int) -> dict[str, Any]:
                 out[f"paged_{scheme}"] = _step_stats(q)
             except Exception as e:  # noqa: BLE001 - reported, the rest of the check goes on
                 out[f"paged_{scheme}"] = {"error": f"{type(e).__name__}: {e}"}
+        # The host KV tier (chapter 9) with pinned memory: multi-turn chat in a tight pool,
+        # no prefix cache / the device LRU alone / the host tier, bf16 at the real shapes.
+        try:
+            from minillm import loader
+            from minillm.bench import offload_measure
+
+            res = offload_measure.measure(num_conversations=8, turns=4, rounds=3, num_blocks=36, max_tokens=16,
+                                          weights=loader.dummy_weights(ModelConfig(), 0), progress=False,
+                                          device="cuda", dtype="bfloat16")
+            out["kv_offload"] = {k: res[k] for k in ("medians", "same_tokens", "computed_ratio",
+                                                     "ttft_p50_speedup", "copies")}
+        except Exception as e:  # noqa: BLE001
+            out["kv_offload"] = {"error": f"{type(e).__name__}: {e}"}
         return out
     from minillm import loader
     from minillm.engine import build_engine
@@ -167,13 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"cuda": gpu, "torch": torch.__version__,
                               "device": torch.cuda.get_device_name(0) if gpu else "cpu"}
     t0 = time.perf_counter()
-    left = lambda share: min(args.budget_s * share, args.budget_s - (time.perf_counter() - t0))  # noqa: E731
+    running = sum(v for k, v in SHARES.items() if k not in skip and (gpu or k != "notebooks")) or 1.0
+    # A part's share of the budget, among the parts that run (skipping one gives the others its time).
+    left = lambda share: min(args.budget_s * share / running, args.budget_s - (time.perf_counter() - t0))  # noqa: E731
     py = sys.executable
     if not gpu:
         print("[gpu-check] no CUDA GPU found: dry run (the GPU tests are collected, not run; a tiny "
               "dummy benchmark on the CPU)", flush=True)
     if "tests" not in skip:
-        cmd = [py, "-m", "pytest", "-q", "-m", "gpu or aot", "tests"] + ([] if gpu else ["--collect-only"])
+        cmd = [py, "-m", "pytest", "-q", "-m", "gpu or aot", "-p", "no:cacheprovider", "tests"] + \
+            ([] if gpu else ["--collect-only"])
         report["tests"] = _run("tests", cmd, left(SHARES["tests"]), out)
     if "notebooks" not in skip and gpu:
         timeout = os.environ.get("NBVAL_CELL_TIMEOUT", "600")
@@ -195,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         print("[gpu-check] no GPU found: dry run only, nothing above ran on a GPU", flush=True)
         return 0
     failed = [k for k in ("tests", "notebooks") if k in report and report[k]["rc"] != 0]
-    failed += ["bench"] if "error" in report.get("bench", {}) else []
+    bench_parts = [report.get("bench", {})] + [v for v in report.get("bench", {}).values() if isinstance(v, dict)]
+    failed += ["bench"] if any("error" in part for part in bench_parts) else []
     return 1 if failed else 0
 
 

@@ -89,14 +89,19 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def measure(num_conversations: int = 8, turns: int = 4, rounds: int = 2, num_blocks: int = 36,
             host_blocks: int | None = None, max_tokens: int = 16, seed: int = 0,
-            weights: dict | None = None, tokenizer: Any = None, progress: bool = True) -> dict[str, Any]:
-    """Run the three engines ``rounds`` times, alternating; medians of each figure over rounds."""
+            weights: dict | None = None, tokenizer: Any = None, progress: bool = True,
+            device: str = "cpu", dtype: str = "float32") -> dict[str, Any]:
+    """Run the three engines ``rounds`` times, alternating; medians of each figure over rounds.
+
+    Without ``weights`` the model file's weights and tokenizer; with them (dummy weights on
+    a GPU, say) the token ids alone, no tokenizer needed."""
     from minillm import loader
     from minillm.config import EngineConfig
     from minillm.engine import build_engine
 
-    weights = loader.load_weights(None) if weights is None else weights
-    tokenizer = loader.load_tokenizer(None) if tokenizer is None else tokenizer
+    if weights is None:
+        weights = loader.load_weights(None)
+        tokenizer = loader.load_tokenizer(None) if tokenizer is None else tokenizer
     systems, questions = conversations(num_conversations, turns, seed)
     longest = len(systems[0]) + turns * (len(questions[0][0]) + max_tokens)
     host_blocks = host_blocks or num_conversations * (longest // 16 + 1)
@@ -109,7 +114,7 @@ def measure(num_conversations: int = 8, turns: int = 4, rounds: int = 2, num_blo
     last: dict[str, Any] = {}
     for rnd in range(rounds):
         for config in (CONFIGS if rnd % 2 == 0 else CONFIGS[::-1]):
-            engine = build_engine(EngineConfig(device="cpu", dtype="float32",
+            engine = build_engine(EngineConfig(device=device, dtype=dtype,
                                                **engine_options(config, num_blocks, host_blocks)),
                                   weights=weights, tokenizer=tokenizer)
             records = run_conversations(engine, systems, questions, max_tokens, bar)
