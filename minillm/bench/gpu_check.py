@@ -130,7 +130,8 @@ def bench(gpu: bool, num_requests: int) -> dict[str, Any]:
             from minillm.bench import offload_measure
 
             res = offload_measure.measure(num_conversations=8, turns=4, rounds=3, num_blocks=36, max_tokens=16,
-                                          weights=loader.dummy_weights(ModelConfig(), 0), progress=False,
+                                          weights=loader.dummy_weights(ModelConfig(), 0), model_config=ModelConfig(),
+                                          progress=False,
                                           device="cuda", dtype="bfloat16")
             out["kv_offload"] = {k: res[k] for k in ("medians", "same_tokens", "computed_ratio",
                                                      "ttft_p50_speedup", "copies")}

@@ -90,11 +90,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 def measure(num_conversations: int = 8, turns: int = 4, rounds: int = 2, num_blocks: int = 36,
             host_blocks: int | None = None, max_tokens: int = 16, seed: int = 0,
             weights: dict | None = None, tokenizer: Any = None, progress: bool = True,
-            device: str = "cpu", dtype: str = "float32") -> dict[str, Any]:
+            device: str = "cpu", dtype: str = "float32", model_config: Any = None) -> dict[str, Any]:
     """Run the three engines ``rounds`` times, alternating; medians of each figure over rounds.
 
-    Without ``weights`` the model file's weights and tokenizer; with them (dummy weights on
-    a GPU, say) the token ids alone, no tokenizer needed."""
+    Without ``weights`` the model file's weights and tokenizer; with ``weights`` and their
+    ``model_config`` (dummy weights on a GPU, say) no model file or tokenizer is needed."""
     from minillm import loader
     from minillm.config import EngineConfig
     from minillm.engine import build_engine
@@ -116,7 +116,7 @@ def measure(num_conversations: int = 8, turns: int = 4, rounds: int = 2, num_blo
         for config in (CONFIGS if rnd % 2 == 0 else CONFIGS[::-1]):
             engine = build_engine(EngineConfig(device=device, dtype=dtype,
                                                **engine_options(config, num_blocks, host_blocks)),
-                                  weights=weights, tokenizer=tokenizer)
+                                  weights=weights, tokenizer=tokenizer, model_config=model_config)
             records = run_conversations(engine, systems, questions, max_tokens, bar)
             runs[config].append(summarize(records))
             tokens[config] = [r["tokens"] for r in records]
