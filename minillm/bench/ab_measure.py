@@ -1,14 +1,15 @@
 """Does the A/B tell the truth? Two identical servers, then a clearly worse one.
 
-    python -m minillm.bench.ab_measure              # ~8 minutes on 2 cores, the real model
-    python -m minillm.bench.ab_measure --quick      # 3 + 1 traces, ~3 minutes
+    python -m minillm.bench.ab_measure              # ~6 minutes on 2 cores, the real model
+    python -m minillm.bench.ab_measure --quick      # 3 + 1 traces, ~2 minutes
     python -m minillm.bench.ab_measure --same-server --skip worse   # (a) with one server named twice
     python -m minillm.bench.ab_measure --json ab_measure.json
 
-Two servers run in this process (``serve_in_background``, SmolLM2-135M in fp32 on the
-CPU), each on an engine of its own; ``loadgen.run_ab`` replays one trace against both, one
-after the other in alternating order (``--rounds`` 3: A B B A A B), and ``ab.compare``
-gives the verdicts with its two-level bootstrap (replays, then requests).
+Two servers, each in a process of its own (``serve_in_background`` in a spawned process,
+SmolLM2-135M in fp32 on the CPU, the same as two ``python -m minillm serve``);
+``loadgen.run_ab`` replays one trace against both, one after the other in alternating
+order (``--rounds`` 3: A B B A A B), and ``ab.compare`` gives the verdicts with its
+two-level bootstrap (replays, then requests).
 
 (a) *Identical configurations* (the server's default paged engine, twice): ``--replays``
     (10) seeded traces, each of ``--num-requests`` (12) short instructions at Poisson
@@ -27,16 +28,16 @@ Each trace is written as a JSON-lines file and replayed through ``--trace``'s re
 each A/B lists every replay's ITL p50 in the order they ran: how much one server moves
 from one replay to the next on this machine, next to the difference between the two.
 
-What it measured on 2 cores shared with other jobs: (b) found B worse on all three decode
-metrics in 3 of 3 traces, also while other test runs loaded the machine. (a) with one
-server named twice (``--same-server``) said "no difference" on every metric in 9 of 10
-traces; with two identical engines, 9/10 in one full run and 2/10 and 7/10 on ITL p50 in
-two others. Two causes, both visible in the log lines: a shared 2-core machine drifts (one
-server's ITL p50 moves 20-50% within a minute when other jobs start), and two engines
-built alike in one process need not run alike (A, built first, 2-12% slower in ITL p50
-in every replay of several traces in a row, where one server named twice agrees with
-itself within 1%).
-ITL p50, whose interval is the narrowest (hundreds of gaps), is the first to see either.
+What it measured on 2 cores (a full run, 6 minutes): (a) "no difference" on every metric in
+9 of 10 traces (the tenth: ITL p95 "better"), each server's ITL p50 within 1-2% of the
+other's replay after replay; (b) B worse on all three decode metrics in 3 of 3 traces.
+With both servers in one process, (a) had failed: 9/10 in one full run and 2/10 and 7/10
+on ITL p50 in two others, A (built first) 2-12% slower in ITL p50 in every replay of
+several traces in a row. Two engines built alike and driven directly, alternating in one
+process, ran within 1% of each other: the difference came with sharing the interpreter
+(which of the two servers' threads is to blame was not measured), not from the engines. ITL p50, whose interval is the narrowest (hundreds of gaps), is the first to
+see such a difference, or the drift of a shared machine (one server's ITL p50 moves 20-50%
+within a minute when other jobs start).
 """
 from __future__ import annotations
 
@@ -90,21 +91,62 @@ def long_prompt_trace(path: Path, seed: int) -> Path:
                        [r.arrival_time for r in wl.requests])
 
 
-def _servers(config_a: dict[str, Any], config_b: dict[str, Any] | None):
-    """Two servers, each on an engine of its own; ``config_b`` None: one server, named twice."""
-    from minillm.serving.async_llm import AsyncLLM
+def _serve(config: dict[str, Any], conn: Any) -> None:
+    """A server process's body: build the engine, serve, send the URL, wait for the word to stop."""
     from minillm.serving.server import serve_in_background
 
-    llms = [AsyncLLM.from_config(**config_a)] + ([AsyncLLM.from_config(**config_b)] if config_b else [])
-    handles = [serve_in_background(async_llm=llm) for llm in llms]
-    return llms, handles if config_b else handles * 2
+    handle = serve_in_background(log_level="error", **config)
+    conn.send(handle.url)
+    conn.recv()
+    handle.stop()
+
+
+class _ServerProcess:
+    """A server in a process of its own (its own interpreter, GIL and torch threads)."""
+
+    def __init__(self, config: dict[str, Any], ctx: Any):
+        self._conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(config, child), daemon=True)
+        self.proc.start()
+        if not self._conn.poll(600):
+            self.stop()
+            raise RuntimeError(f"a server for {config} did not start within 600 s")
+        self.url = self._conn.recv()
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self._conn.send("stop")
+            except OSError:
+                pass
+            self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def _servers(config_a: dict[str, Any], config_b: dict[str, Any] | None) -> list[_ServerProcess]:
+    """Two servers, each in a process of its own; ``config_b`` None: one server, named twice.
+
+    Two servers in one process share its interpreter: the idle one's threads (HTTP, engine
+    loop, encoder) then run beside the busy one's, and two engines built alike measured
+    2-12% apart, the first built slower, replay after replay. In processes of their own the
+    only thing they share is the machine."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    a = _ServerProcess(config_a, ctx)
+    try:
+        return [a, _ServerProcess(config_b, ctx) if config_b else a]
+    except BaseException:
+        a.stop()
+        raise
 
 
 def run_experiment(name: str, config_a: dict[str, Any], config_b: dict[str, Any] | None, traces: list[Path],
                    rounds: int, n_boot: int, log: Any) -> list[dict[str, Any]]:
     """One A/B per trace between two servers built from ``config_a`` and ``config_b`` (None:
     one server against itself)."""
-    llms, (a, b) = _servers(config_a, config_b)
+    a, b = _servers(config_a, config_b)
     out = []
     try:
         for i, trace in enumerate(traces):
@@ -125,10 +167,8 @@ def run_experiment(name: str, config_a: dict[str, Any], config_b: dict[str, Any]
                             replays=[dict(side=side, **{k: v for k, v in s.items() if k != "label"})
                                      for side, s in replays]))
     finally:
-        for handle in {id(a): a, id(b): b}.values():
-            handle.stop()
-        for llm in llms:
-            llm.shutdown()
+        for server in {id(a): a, id(b): b}.values():
+            server.stop()
     return out
 
 
