@@ -357,3 +357,29 @@ def test_slo_step_arrivals_double_and_recovery_is_read_from_the_window():
     assert rec["back_under_at"] == pytest.approx(23.0)
     rows = bucket_table(res, 10.0, 40.0)
     assert [row["budget"] for row in rows] == [64, 64, 32, 32] and rows[2]["ttft_p95"] == pytest.approx(3.0)
+
+
+def test_sustained_capacity_counts_finishes_while_a_full_batch_runs():
+    from minillm.bench import slo_step
+
+    class _Metrics:
+        def __init__(self, t):
+            self.finish_time = t
+
+    class _Req:
+        metrics = None
+
+    class _Engine:  # 2 at a time, 8 queued: finishes at 1, 2 (ramp-up), 4, 5, 6, 7.5, then 9, 12 (the tail)
+        scheduler = type("S", (), {"max_num_seqs": 2})()
+
+        def make_request(self, prompt, params):
+            return _Req()
+
+        def run(self, reqs):
+            for r, t in zip(reqs, [5.0, 1.0, 9.0, 2.0, 4.0, 7.5, 12.0, 6.0]):
+                r.metrics = _Metrics(t)
+
+    got = slo_step.sustained_capacity(_Engine(), [[1, 2, 3]], 4, batches=4)
+    assert got == pytest.approx(4 / (7.5 - 2.0)), "finishes 3..6 between the 2nd and the 6th"
+    with pytest.raises(ValueError, match="batches must be >= 3"):
+        slo_step.sustained_capacity(_Engine(), [[1, 2, 3]], 4, batches=2)

@@ -1,12 +1,13 @@
 """A load step, with and without the SLO controller: does it bring the p95s back on target?
 
     python -m minillm.bench.slo_step                      # the "itl" scenario, ~2.5 minutes on 2 cores
-    python -m minillm.bench.slo_step --scenario ttft --json slo_ttft.json
+    python -m minillm.bench.slo_step --scenario ttft --json slo_ttft.json   # ~5 minutes
 
 One engine in this process (the real model, paged, chunked prefill, no prefix caching),
 open-loop Poisson arrivals of long prompts (300-600 tokens) at ``--rate`` requests/s that
 double at ``--step-at`` seconds. The rate is by default a fraction (``--load``) of the
-capacity measured first (a full batch at a budget of 1024, offline): a shared 2-core
+capacity measured first (``itl``: a full batch at a budget of 1024, offline; ``ttft``:
+below), not a number of requests a second: a shared 2-core
 machine's speed changes with what else runs on it, and a fixed rate would be an overload
 one day and idle the next. The same arrivals and prompts run twice: once with a fixed token
 budget, once with ``EngineConfig.slo`` (``minillm/slo.py``) moving it from the same start.
@@ -22,17 +23,16 @@ Two scenarios, the two sides of the budget's trade (chapter 4: TTFT against ITL)
 * ``itl`` (default): the budget starts large (1024), the ITL target is 0.5 s and the TTFT's
   6 s; load 0.35 -> 0.7 of the capacity. After the step, steps that prefill whole prompts
   stall every stream; the controller cuts the budget until the ITL is back under target.
-* ``ttft``: the budget starts small (128 tokens, smooth streams), the TTFT target
-  is 4 s and the ITL's a loose 2 s, with room to grow to 1024; load 0.45 -> 0.9 of the
-  capacity. After the step, 128 tokens a step cannot prefill the prompts as fast as they
-  come (each step also pays for its decodes): the queue grows and TTFT with it. The
-  controller gives prompts more tokens a step while the ITL has room. How much prefill a
-  small budget loses depends on the machine's load: measured on this shared machine, 128
-  tokens a step served 66% of 1024's throughput while other programs ran and kept up with
-  0.8 requests/s when they did not; when it keeps up, the fixed run is the better one.
+* ``ttft``: the budget starts small (32 tokens, smooth streams), the TTFT target is 4 s and
+  the ITL's a loose 2 s, with room to grow to 1024; 90 s of arrivals. The rate comes from
+  two capacities measured first, with the queue never empty (``sustained_capacity``):
+  the start budget's and the ceiling's; after the step it lands halfway between them. A
+  fixed 32 tokens a step then cannot prefill the prompts as fast as they come (each step
+  also pays for its decodes): the queue grows and TTFT with it, for as long as the step
+  lasts. The controller gives prompts more tokens a step while the ITL has room.
 
-A smaller budget never lowers TTFT here: it slows prefill (the ``ttft`` scenario's fixed
-run is the proof). What lowers TTFT is more prefill per step, while the ITL allows it.
+A smaller budget does not lower TTFT here: it slows prefill (the ``ttft`` scenario's fixed
+run measures it). What lowers TTFT is more prefill per step, while the ITL allows it.
 The numbers are one run on a shared machine, the two runs one after the other: a change in
 what else runs on it between them or during one (seen here: capacity 0.9 and 1.6 requests/s
 an hour apart) can be larger than the effect. Compare with the buckets before the step.
@@ -52,8 +52,8 @@ from minillm.sampling_params import SamplingParams
 from minillm.slo import SloController, p95
 
 SCENARIOS: dict[str, dict[str, Any]] = {
-    "itl": dict(budget=1024, max_budget=None, slo_ttft=6.0, slo_itl=0.5, load=0.35),
-    "ttft": dict(budget=128, max_budget=1024, slo_ttft=4.0, slo_itl=2.0, load=0.45),
+    "itl": dict(budget=1024, max_budget=None, slo_ttft=6.0, slo_itl=0.5, load=0.35, duration=60.0),
+    "ttft": dict(budget=32, max_budget=1024, slo_ttft=4.0, slo_itl=2.0, load="between", duration=90.0),
 }
 CALIBRATION_BUDGET = 1024  # the capacity the load is a fraction of: a full batch at this budget
 
@@ -181,6 +181,42 @@ def load_result(result: dict[str, Any], label: str, slo_ttft: float, slo_tpot: f
                               slo_ttft=slo_ttft, slo_tpot=slo_tpot, label=label)
 
 
+def sustained_capacity(engine: Any, prompts: Sequence[list[int]], output_tokens: int, batches: int = 4) -> float:
+    """Requests/s that ``engine`` finishes with its queue never empty: ``batches`` x ``max_num_seqs``
+    requests queued at once, the finishes counted between the ``max_num_seqs``-th and the
+    ``max_num_seqs``-th from the end, when a full batch runs at both ends (the ramp-up and the
+    tail, where fewer run, left out; a full batch in flight at both ends, so the work done
+    in between is about that many requests')."""
+    n = engine.scheduler.max_num_seqs
+    if batches < 3:
+        raise ValueError(f"batches must be >= 3 (a full batch before, during and after the count), got {batches}")
+    params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
+    reqs = [engine.make_request(list(prompts[i % len(prompts)]), params) for i in range(batches * n)]
+    engine.run(reqs)
+    done = sorted(r.metrics.finish_time for r in reqs)
+    first, last = n - 1, len(done) - n - 1
+    return (last - first) / (done[last] - done[first])
+
+
+def calibrate(common: dict[str, Any], budgets: Sequence[int], weights: Any, tokenizer: Any,
+              prompts: Sequence[list[int]], output_tokens: int, rounds: int = 2) -> dict[int, float]:
+    """``sustained_capacity`` with each token budget, the budgets measured in alternating order
+    ``rounds`` times: the mean for each."""
+    from minillm.config import EngineConfig
+    from minillm.engine import build_engine
+
+    engines = {b: build_engine(EngineConfig(**dict(common, max_num_batched_tokens=b)), weights=weights,
+                               tokenizer=tokenizer) for b in budgets}
+    warm = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    for eng in engines.values():
+        eng.run([eng.make_request(list(prompts[0][:64]), warm)])
+    got: dict[int, list[float]] = {b: [] for b in budgets}
+    for r in range(rounds):
+        for b in (budgets if r % 2 == 0 else list(budgets)[::-1]):
+            got[b].append(sustained_capacity(engines[b], prompts[8 * r:], output_tokens))
+    return {b: sum(v) / len(v) for b, v in got.items()}
+
+
 def _s(v: float | None, target: float | None = None) -> str:
     if v is None:
         return "-"
@@ -194,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "scenario's fraction of the capacity measured first")
     ap.add_argument("--load", type=float, help="instead of --rate: the fraction of the measured capacity")
     ap.add_argument("--step-at", type=float, default=30.0, help="seconds: when the rate doubles")
-    ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
+    ap.add_argument("--duration", type=float, help="seconds of arrivals (default: the scenario's, 60 or 90)")
     ap.add_argument("--budget", type=int, help="max_num_batched_tokens at the start (both runs)")
     ap.add_argument("--max-budget", type=int, help="the controller's ceiling (default: the scenario's)")
     ap.add_argument("--slo-ttft", type=float, help="p95 TTFT target, seconds")
@@ -208,16 +244,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", help="write the numbers here")
     args = ap.parse_args(argv)
     sc = dict(SCENARIOS[args.scenario])
-    for key in ("rate", "load", "budget", "max_budget", "slo_ttft", "slo_itl"):
+    for key in ("rate", "load", "budget", "max_budget", "slo_ttft", "slo_itl", "duration"):
         if getattr(args, key) is not None:
             sc[key] = getattr(args, key)
+    args.duration = sc["duration"]
     try:
         lo, hi = (int(x) for x in args.prompt_tokens.split(","))
         step_arrivals(1.0, args.step_at, args.duration, args.seed)  # checks step_at and duration
     except ValueError as e:
         ap.error(str(e))
     from minillm import loader
-    from minillm.bench.sweep import measure_capacity
     from minillm.config import EngineConfig
     from minillm.engine import build_engine
 
@@ -228,7 +264,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     common = dict(engine="paged", enable_chunked_prefill=True, enable_prefix_caching=False, max_model_len=1024,
                   max_num_seqs=args.max_num_seqs, max_num_batched_tokens=sc["budget"])
     capacity = None
-    if args.rate is None:  # this machine's speed now (other programs share its cores): a load relative to it
+    if args.rate is None and sc["load"] == "between":
+        # The step lands halfway between what the start budget and the ceiling serve: too much for a
+        # fixed small budget, not for one the controller raises.
+        capacity = calibrate(common, [sc["budget"], sc["max_budget"]], weights, tokenizer, prompts,
+                             args.output_tokens)
+        sc["rate"] = round(sum(capacity.values()) / 4, 3)
+        print(f"capacity (req/s with the queue never empty, {args.max_num_seqs} at a time, mean of 2 alternated): "
+              + ", ".join(f"budget {b}: {c:.2f}" for b, c in capacity.items())
+              + f"; after the step {2 * sc['rate']:g} req/s, halfway between; doubling at {args.step_at:g} s",
+              flush=True)
+    elif args.rate is None:  # this machine's speed now (other programs share its cores): a load relative to it
+        from minillm.bench.sweep import measure_capacity
+
         eng = build_engine(EngineConfig(**dict(common, max_num_batched_tokens=CALIBRATION_BUDGET)), weights=weights,
                            tokenizer=tokenizer)
         measure_capacity(eng, prompts[:1], 2)  # warm-up
