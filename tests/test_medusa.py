@@ -1,0 +1,178 @@
+"""Medusa heads (spec_decode/medusa.py): an untrained head is the LM head, head k predicts
+token t + 2 + k, the file round-trips in float16, bad inputs are refused, and the training
+split keeps a question's variants together. Tiny model with dummy weights."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minillm import loader
+from minillm.config import ModelConfig
+from minillm.model import build_model
+from minillm.spec_decode.medusa import MedusaHeads, head_positions, read_metadata
+
+TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=16, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    weights = loader.dummy_weights(TINY, seed=0)
+    model = build_model(TINY, weights, torch.device("cpu"), torch.float32)
+    return weights, model
+
+
+def test_untrained_heads_are_the_lm_head(tiny):
+    weights, model = tiny
+    heads = MedusaHeads(model.embed.weight, num_heads=4)
+    assert not heads.embedding.requires_grad and [n for n, _ in heads.named_parameters()] == ["weight", "bias"]
+    assert "embedding" not in heads.state_dict()  # shared with the model, not the heads' own
+    hidden = torch.randn(7, TINY.hidden_size, generator=torch.Generator().manual_seed(1))
+    base = model.compute_logits(hidden)
+    logits = heads(hidden)
+    assert logits.shape == (4, 7, TINY.vocab_size) and logits.dtype == torch.float32
+    for k in range(4):
+        assert torch.equal(logits[k], base), k
+    # and over the final hidden states of a real forward (transformers' Llama with the same weights)
+    hf = loader.hf_model_from_weights(weights, TINY, torch.float32)
+    ids = torch.tensor([[5, 17, 3, 99, 42, 8]])
+    with torch.inference_mode():
+        out = hf(input_ids=ids, output_hidden_states=True)
+        h = hf.model(input_ids=ids).last_hidden_state[0]
+    assert torch.equal(heads(h)[2], out.logits[0].float())
+    # a trained head is not the LM head any more
+    with torch.no_grad():
+        heads.weight[1].normal_(0, 0.1)
+    assert torch.equal(heads(hidden)[0], base) and not torch.allclose(heads(hidden)[1], base)
+
+
+def test_head_positions():
+    t, tgt = head_positions(10, 0)
+    assert t.tolist() == list(range(8)) and tgt.tolist() == list(range(2, 10))
+    t, tgt = head_positions(10, 3, start=2)
+    assert t.tolist() == [2, 3, 4] and tgt.tolist() == [7, 8, 9]
+    assert head_positions(4, 3)[0].numel() == 0
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        head_positions(10, -1)
+
+
+def _sequence_task(num_heads: int = 3, length: int = 40, vocab: int = 128, hidden: int = 64):
+    """Distinct tokens, so the token at t says where in the sequence we are; h_t = E[token_t]."""
+    g = torch.Generator().manual_seed(0)
+    embedding = torch.randn(vocab, hidden, generator=g)
+    tokens = torch.randperm(vocab, generator=g)[:length]
+    h = embedding[tokens] / embedding[tokens].norm(dim=-1, keepdim=True)
+    return MedusaHeads(embedding, num_heads=num_heads), tokens, h
+
+
+def test_training_drives_each_head_to_the_token_k_plus_2_ahead():
+    torch.manual_seed(0)
+    heads, tokens, h = _sequence_task()
+    T = len(tokens)
+    before = heads.accuracy(h, tokens)
+    assert all(a["top1"] < 0.2 for a in before)
+    opt = torch.optim.Adam(heads.parameters(), lr=3e-2)
+    for _ in range(150):
+        opt.zero_grad()
+        loss = 0
+        for k in range(heads.num_heads):
+            t, tgt = head_positions(T, k)
+            loss = loss + heads.loss(h[t], tokens[tgt], k, chunk=7)  # chunks of rows: same loss
+        loss.backward()
+        opt.step()
+    acc = heads.accuracy(h, tokens, topk=(1, 5))
+    assert [a["count"] for a in acc] == [T - 2 - k for k in range(3)]
+    assert all(a["top1"] == 1.0 and a["top5"] == 1.0 for a in acc), acc
+    # independently of head_positions: head k's argmax at t is token t + 2 + k, not t + 1 + k nor t + 3 + k
+    with torch.no_grad():
+        pred = heads(h).argmax(-1)  # [K, T]
+    for k in range(3):
+        n = T - 2 - k
+        assert torch.equal(pred[k, :n], tokens[2 + k:2 + k + n])
+        assert (pred[k, :n - 1] == tokens[1 + k:1 + k + n - 1]).float().mean() < 0.2  # one short
+        assert (pred[k, :n - 1] == tokens[3 + k:3 + k + n - 1]).float().mean() < 0.2  # one too far
+
+
+def test_loss_in_chunks_equals_one_call():
+    heads, tokens, h = _sequence_task()
+    with torch.no_grad():
+        heads.weight.normal_(0, 0.05)
+    t, tgt = head_positions(len(tokens), 1)
+    full = torch.nn.functional.cross_entropy(heads.head_logits(h[t], 1), tokens[tgt])
+    assert torch.allclose(heads.loss(h[t], tokens[tgt], 1, chunk=5), full, atol=1e-6)
+
+
+def test_accuracy_start_and_several_sequences():
+    heads, tokens, h = _sequence_task()
+    # untrained heads predict t + 1: top-1 is 0 on every head; start skips positions
+    acc = heads.accuracy([h, h], [tokens, tokens], start=[10, 0])
+    assert [a["count"] for a in acc] == [2 * (len(tokens) - 2 - k) - 10 for k in range(3)]
+    assert all(a["top1"] == 0.0 for a in acc)
+
+
+def test_save_load_round_trip(tmp_path):
+    heads, tokens, h = _sequence_task(num_heads=2)
+    with torch.no_grad():
+        heads.weight.normal_(0, 0.05)
+        heads.bias.normal_(0, 0.05)
+    path = heads.save(tmp_path / "heads.safetensors", base_model="tiny", command="pytest", seed=7,
+                      data={"prompts": 3, "tokens": 12})
+    meta = read_metadata(path)
+    assert meta["dtypes"] == {"weight": "F16", "bias": "F16"}  # float16 on disk
+    assert meta["shapes"] == {"weight": [2, 64, 64], "bias": [2, 64]}
+    assert (meta["num_heads"], meta["hidden_size"], meta["vocab_size"]) == (2, 64, 128)
+    back = MedusaHeads.load(path, heads.embedding)
+    assert back.weight.dtype == torch.float32 and back.num_heads == 2
+    assert torch.equal(back.weight, heads.weight.detach().half().float())
+    assert torch.equal(back.bias, heads.bias.detach().half().float())
+    assert back.metadata == {"base_model": "tiny", "command": "pytest", "seed": 7,
+                             "data": {"prompts": 3, "tokens": 12}}
+    assert torch.allclose(back(h), heads(h), atol=1e-2)
+    # saving the loaded heads keeps the metadata
+    again = read_metadata(back.save(tmp_path / "again.safetensors"))
+    assert again["command"] == "pytest" and again["data"] == {"prompts": 3, "tokens": 12}
+    with pytest.raises(ValueError, match="hidden size 64"):
+        MedusaHeads.load(path, torch.zeros(128, 32))
+    with pytest.raises(ValueError, match="vocab 128"):
+        MedusaHeads.load(path, torch.zeros(100, 64))
+
+
+def test_not_a_heads_file(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, str(tmp_path / "x.safetensors"))
+    with pytest.raises(ValueError, match="not a Medusa heads file"):
+        read_metadata(tmp_path / "x.safetensors")
+
+
+def test_value_errors():
+    E = torch.zeros(128, 64)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="K"):
+            MedusaHeads(E, num_heads=bad)
+    with pytest.raises(ValueError, match=r"\[vocab, hidden\]"):
+        MedusaHeads(torch.zeros(64))
+    with pytest.raises(ValueError, match="does not match hidden size 32"):
+        MedusaHeads(E, hidden_size=32)
+    heads = MedusaHeads(E, num_heads=2)
+    with pytest.raises(ValueError, match="hidden size 64"):
+        heads(torch.zeros(3, 32))
+    with pytest.raises(ValueError, match="hidden size 64"):
+        heads.accuracy(torch.zeros(5, 32), torch.zeros(5, dtype=torch.int64))
+    with pytest.raises(ValueError, match="tokens"):
+        heads.accuracy(torch.zeros(5, 64), torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="out of range"):
+        heads(torch.zeros(3, 64), heads=[2])
+    with pytest.raises(ValueError, match="targets"):
+        heads.loss(torch.zeros(3, 64), torch.zeros(2, dtype=torch.int64), 0)
+
+
+def test_heldout_split_keeps_questions_whole():
+    from minillm.bench.train_medusa import prompt_texts, split_groups
+
+    texts = prompt_texts()
+    groups = [g for _, g in texts][:96]
+    held = split_groups(groups, seed=0)
+    n_held = sum(g in held for g in groups)
+    assert 0.10 * len(groups) <= n_held <= 0.2 * len(groups)
+    assert split_groups(groups, seed=0) == held and len({t for t, _ in texts}) == len(texts)
