@@ -113,7 +113,7 @@ def queue_timeout(timeouts: dict[str, float], level: int) -> float:
     take interactive's."""
     name = priority_class(min(max(level, 0), 2))
     return timeouts[name]
-SPEC_METHODS = ("ngram", "model")
+SPEC_METHODS = ("ngram", "model", "medusa")
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -156,6 +156,10 @@ class SpeculativeConfig:
       KV cache: ``draft_layers`` (a list of the target's layer indices, e.g. the first
       few, or every other one: a self-draft sharing the target's weights) or ``model``
       (a GGUF path, or a ``minillm.model.Llama``).
+    * ``method="medusa"``: Medusa heads on the target's own last hidden state draft the
+      next tokens, head k's top-1 the k-th (a chain); ``heads``: their file (default: the
+      one ``python -m minillm.bench.train_medusa`` writes) or a ``MedusaHeads``;
+      ``num_speculative_tokens`` at most their number.
     * ``quantization`` (method "model"): the draft alone in "int8" or "q4" (as
       ``EngineConfig.quantization``); a self-draft gets quantized copies of its layers, the
       target keeps its own.
@@ -178,6 +182,7 @@ class SpeculativeConfig:
     disable_by_batch_size: int | None = 4
     quantization: str | None = None
     draft_process: bool = False
+    heads: Any = None
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
@@ -204,7 +209,13 @@ class SpeculativeConfig:
                                      f"got {layers!r}")
                 self.draft_layers = list(layers)
         elif self.draft_layers is not None or self.model is not None or self.quantization is not None:
-            raise ValueError("draft_layers, model and quantization are options of the 'model' method, not of 'ngram'")
+            raise ValueError(f"draft_layers, model and quantization are options of the 'model' method, "
+                             f"not of {self.method!r}")
+        if self.heads is not None and self.method != "medusa":
+            raise ValueError(f"heads is an option of the 'medusa' method, not of {self.method!r}")
+        if self.method == "medusa" and self.draft_process is True:
+            raise ValueError("Medusa heads draft from the hidden state the target's forward just computed: they "
+                             "cannot run ahead in a process of their own (draft_process=False)")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"speculative quantization must be None or one of {', '.join(map(repr, QUANTIZATIONS))}, "
                              f"got {self.quantization!r}")
@@ -357,6 +368,9 @@ class EngineConfig:
             if self.engine != "paged":
                 raise ValueError(f"speculative decoding runs in the paged engine (its KV cache can roll back "
                                  f"rejected tokens): pass engine='paged', not {self.engine!r}")
+            if self.speculative.method == "medusa" and self.tensor_parallel_size != 1:
+                raise ValueError("Medusa heads read the final hidden states, which a tensor-parallel runner does "
+                                 "not hand back: use tensor_parallel_size=1 or another speculative method")
 
     def _check_budget(self) -> None:
         """The token budget must hold one step's decodes: one token per running request."""

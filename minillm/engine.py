@@ -356,7 +356,9 @@ def build_engine(config: EngineConfig, weights: dict | None = None, tokenizer: A
                max_model_len=rc.max_model_len, progress=True, quantization=rc.quantization)
     if config.cuda_graphs:  # validated by resolve(): CUDA and the Triton backend
         runner.capture_cuda_graphs(rc.max_num_seqs, rc.max_model_len)
-    return LLMEngine(config, rc, mcfg, tokenizer, scheduler, runner, _speculator(config, rc, model))
+    speculator = _speculator(config, rc, model)
+    runner.keep_hidden = config.speculative is not None and config.speculative.method == "medusa"
+    return LLMEngine(config, rc, mcfg, tokenizer, scheduler, runner, speculator)
 
 
 def _speculator(config: EngineConfig, rc, target):

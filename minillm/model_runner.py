@@ -63,6 +63,10 @@ class ModelOutput:
     input_ids: torch.Tensor | None = None
     token_starts: list[int] | None = None
     sampling_table: torch.Tensor | None = None  # [S, 3] float64, laid out as logits, see StepBatch
+    # The final hidden states of the rows with logits [S, hidden], laid out as logits; only
+    # when the runner keeps them (``keep_hidden``: Medusa heads draft from them; such a
+    # runner does not replay CUDA graphs).
+    hidden: torch.Tensor | None = None
 
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device,
@@ -235,6 +239,7 @@ class ModelRunner:
         self.device = device
         self.kv_caches = allocate_kv_cache(cfg, num_blocks, block_size, device, dtype)
         self.graphs: DecodeGraphs | None = None  # set by capture_cuda_graphs
+        self.keep_hidden = False  # hand back the sampling rows' hidden states (ModelOutput.hidden)
         self.host_kv: HostKVCache | None = None  # the host KV tier's pool (kv_offload), set by enable_host_kv
         self.forward = model  # or the model's forward compiled into one graph (compiled.py)
         if compile:
@@ -267,12 +272,16 @@ class ModelRunner:
             self.host_kv.apply(out.kv_copies, self.kv_caches)
         b = build_batch(out.rows, self.block_size, self.device)
         # A learner's norm, RoPE or K/V store plugged in (model.FORWARD_SEAMS): the eager forward calls it.
-        if self.graphs is not None and self.graphs.can_replay(out, b) and not forward_seam_plugged():
+        # Medusa heads need each step's hidden states (keep_hidden), which a graph does not hand back.
+        if (self.graphs is not None and not self.keep_hidden and self.graphs.can_replay(out, b)
+                and not forward_seam_plugged()):
             logits = self.graphs.replay(b)
             return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts, b.sampling_table)
         hidden = self.forward(b.input_ids, b.positions, b.meta, self.kv_caches)  # [T, hidden]
-        logits = self.model.compute_logits(hidden[b.logits_index])  # [S, V]
-        return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts, b.sampling_table)
+        rows = hidden[b.logits_index]
+        logits = self.model.compute_logits(rows)  # [S, V]
+        return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts, b.sampling_table,
+                           hidden=rows if self.keep_hidden else None)
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:

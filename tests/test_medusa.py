@@ -176,3 +176,154 @@ def test_heldout_split_keeps_questions_whole():
     n_held = sum(g in held for g in groups)
     assert 0.10 * len(groups) <= n_held <= 0.2 * len(groups)
     assert split_groups(groups, seed=0) == held and len({t for t, _ in texts}) == len(texts)
+
+
+# ---------------------------------------------------------------- the engine's medusa drafter (a chain)
+
+def _weights():
+    """The tiny model's dummy weights with every matrix x10: at std 0.02 its greedy output repeats one
+    token, which any draft of that token would match; at 0.2 it wanders (16-20 distinct tokens in 24)."""
+    return {k: (v * 10 if v.dim() == 2 else v) for k, v in loader.dummy_weights(TINY, seed=0).items()}
+
+
+def _engine(**kwargs):
+    from minillm.config import EngineConfig
+    from minillm.engine import build_engine
+    opts = dict(engine="paged", device="cpu", dtype="float32", max_model_len=256, block_size=8, max_num_seqs=4,
+                seed=0) | kwargs
+    return build_engine(EngineConfig(**opts), weights=_weights(), model_config=TINY, tokenizer=None)
+
+
+def _prompts():
+    return [[(7 * i + 3 * j) % 120 + 4 for j in range(5 + 9 * i)] for i in range(4)]
+
+
+def _run(engine, prompts, max_tokens=24):
+    from minillm import SamplingParams
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return [o.token_ids for o in engine.run([engine.make_request(p, params) for p in prompts])]
+
+
+def _greedy_paths(prompts, max_tokens=24):
+    """Each prompt's greedy continuation by the plain engine, and transformers' final hidden states over it."""
+    weights = _weights()
+    outs = _run(_engine(), prompts, max_tokens)
+    assert all(len(set(o)) > max_tokens // 2 for o in outs), "greedy output that repeats itself shows nothing"
+    hf = loader.hf_model_from_weights(weights, TINY, torch.float32)
+    seqs = [p + o for p, o in zip(prompts, outs)]
+    with torch.inference_mode():
+        hidden = [hf.model(input_ids=torch.tensor([s])).last_hidden_state[0].clone() for s in seqs]
+    return weights, outs, seqs, hidden
+
+
+def _fit_heads(weights, seqs, hidden, starts, num_heads=3, steps=300):
+    """Heads overfit to these very sequences: they draft what the target will say (high acceptance)."""
+    torch.manual_seed(0)
+    heads = MedusaHeads(weights["embed.weight"], num_heads=num_heads)
+    opt = torch.optim.Adam(heads.parameters(), lr=3e-2)
+    rows = []
+    for k in range(num_heads):
+        xs, ys = [], []
+        for h, s, st in zip(hidden, seqs, starts):
+            t, tgt = head_positions(len(s), k, st)
+            xs.append(h[t])
+            ys.append(torch.tensor(s)[tgt])
+        rows.append((torch.cat(xs), torch.cat(ys)))
+    for _ in range(steps):
+        opt.zero_grad()
+        sum(heads.loss(x, y, k) for k, (x, y) in enumerate(rows)).backward()
+        opt.step()
+    return heads
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    prompts = _prompts()
+    weights, outs, seqs, hidden = _greedy_paths(prompts)
+    heads = _fit_heads(weights, seqs, hidden, [len(p) - 1 for p in prompts])
+    return prompts, outs, heads
+
+
+def test_medusa_chain_gives_the_plain_engines_greedy_tokens_and_drafts_well_from_fitted_heads(fitted):
+    prompts, want, heads = fitted
+    alone = [_run(_engine(speculative={"method": "medusa", "heads": heads, "num_speculative_tokens": 3,
+                                        "disable_by_batch_size": None}), [p])[0] for p in prompts]
+    assert alone == want
+    engine = _engine(speculative={"method": "medusa", "heads": heads, "num_speculative_tokens": 3,
+                                  "disable_by_batch_size": None})
+    assert _run(engine, prompts) == want
+    st = engine.spec_stats
+    # Heads fitted to these continuations draft them: a shift of the hidden row by one would draft
+    # the wrong position and be rejected nearly always.
+    assert st.num_drafts > 0 and st.acceptance_rate > 0.8, st.as_dict()
+    assert st.tokens_per_target_forward > 2.5
+
+
+@pytest.mark.parametrize("kwargs", [{"enable_chunked_prefill": True, "max_num_batched_tokens": 8},
+                                    {"num_blocks": 10, "max_model_len": 64}], ids=["chunked-prefill", "preemption"])
+def test_medusa_chain_is_exact_with_chunked_prefill_and_preemption(fitted, kwargs):
+    prompts, want, heads = fitted
+    engine = _engine(speculative={"method": "medusa", "heads": heads, "num_speculative_tokens": 3,
+                                  "disable_by_batch_size": None}, **kwargs)
+    assert _run(engine, prompts) == want
+    assert engine.spec_stats.num_accepted > 0
+    if "num_blocks" in kwargs:
+        assert engine.scheduler.num_preemptions > 0, "no preemption happened"
+
+
+def test_medusa_chain_with_untrained_heads_is_exact_too():
+    prompts = _prompts()
+    want = _run(_engine(), prompts)
+    heads = MedusaHeads(_weights()["embed.weight"], num_heads=4)
+    with torch.no_grad():
+        heads.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(2))
+    engine = _engine(speculative={"method": "medusa", "heads": heads, "num_speculative_tokens": 4,
+                                  "disable_by_batch_size": None})
+    assert _run(engine, prompts) == want and engine.spec_stats.num_drafts > 0
+
+
+def test_medusa_options_are_clear_errors(tmp_path):
+    from minillm.config import EngineConfig
+    heads = MedusaHeads(loader.dummy_weights(TINY, seed=0)["embed.weight"], num_heads=2)
+    with pytest.raises(ValueError, match="at most 2"):
+        _engine(speculative={"method": "medusa", "heads": heads, "num_speculative_tokens": 3})
+    with pytest.raises(ValueError, match="no Medusa heads file"):
+        _engine(speculative={"method": "medusa", "heads": str(tmp_path / "none.safetensors")})
+    with pytest.raises(ValueError, match="heads is an option of the 'medusa' method"):
+        EngineConfig(engine="paged", speculative={"method": "ngram", "heads": "x"})
+    with pytest.raises(ValueError, match="process of their own"):
+        EngineConfig(engine="paged", speculative={"method": "medusa", "draft_process": True})
+    with pytest.raises(ValueError, match="tensor_parallel_size=1"):
+        EngineConfig(engine="paged", speculative={"method": "medusa"}, tensor_parallel_size=2)
+    other = MedusaHeads(torch.zeros(64, TINY.hidden_size), num_heads=2)
+    with pytest.raises(ValueError, match="embedding"):
+        _engine(speculative={"method": "medusa", "heads": other, "num_speculative_tokens": 2})
+    path = heads.save(tmp_path / "h.safetensors")  # from a file: the same checks
+    engine = _engine(speculative={"method": "medusa", "heads": str(path), "num_speculative_tokens": 2})
+    assert engine.speculator.drafter.heads.num_heads == 2
+
+
+def test_serve_flags_pick_medusa_and_its_heads_file():
+    from minillm.config import EngineConfig
+    from minillm.serving.cli import _serve_parser, engine_kwargs_from_args
+
+    args = _serve_parser().parse_args(["--speculative-method", "medusa", "--medusa-heads", "h.safetensors",
+                                       "--num-speculative-tokens", "3"])
+    kw = engine_kwargs_from_args(args)
+    assert kw["speculative"] == {"method": "medusa", "heads": "h.safetensors", "num_speculative_tokens": 3}
+    assert EngineConfig.from_kwargs(**kw).speculative.heads == "h.safetensors"
+    with pytest.raises(ValueError, match="need --speculative-method"):
+        engine_kwargs_from_args(_serve_parser().parse_args(["--medusa-heads", "h.safetensors"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_medusa_chain_on_cuda_gives_the_plain_engines_greedy_tokens(fitted, dtype):
+    prompts, _, heads = fitted
+    opts = dict(device="cuda", dtype=dtype, attention_backend="triton")
+    want = _run(_engine(**opts), prompts)
+    engine = _engine(speculative={"method": "medusa", "heads": heads, "num_speculative_tokens": 3,
+                                  "disable_by_batch_size": None}, cuda_graphs=True, **opts)
+    assert engine.speculator.drafter.heads.weight.is_cuda
+    assert _run(engine, prompts) == want
+    assert engine.spec_stats.num_accepted > 0

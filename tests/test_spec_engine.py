@@ -193,7 +193,7 @@ def test_shrink_rejects_unknown_request_and_bad_length():
     (dict(method="ngram", num_speculative_tokens=0), r"num_speculative_tokens must be an integer in \[1, 16\]"),
     (dict(method="ngram", num_speculative_tokens=17), r"in \[1, 16\]"),
     (dict(method="ngram", num_speculative_tokens=2.0), r"in \[1, 16\]"),
-    (dict(method="medusa"), "unknown speculative method 'medusa'; valid methods: ngram, model"),
+    (dict(method="eagle"), "unknown speculative method 'eagle'; valid methods: ngram, model, medusa"),
     (dict(num_speculative_tokens=2), "needs a method"),
     (dict(method="ngram", lookahead=3), "unknown speculative option"),
     (dict(method="model"), "exactly one of draft_layers"),

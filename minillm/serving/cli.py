@@ -106,11 +106,13 @@ def _serve_parser() -> argparse.ArgumentParser:
                    help="reuse the KV blocks of shared prompt prefixes (paged; where the engine has it)")
     e.add_argument("--scheduling-policy", default=None,
                    help="fcfs or priority (where the engine has request priorities)")
-    e.add_argument("--speculative-method", default=None, choices=["ngram", "model"],
-                   help="speculative decoding (paged): n-gram prompt lookup or a draft model")
+    e.add_argument("--speculative-method", default=None, choices=["ngram", "model", "medusa"],
+                   help="speculative decoding (paged): n-gram prompt lookup, a draft model, or Medusa heads")
     e.add_argument("--num-speculative-tokens", type=int, default=None, help="drafts per step (default 4)")
     e.add_argument("--draft-layers", default=None,
                    help="method 'model': the target's layers that draft, e.g. 0,1,2,3 (a self-draft)")
+    e.add_argument("--medusa-heads", default=None, metavar="PATH",
+                   help="method 'medusa': the heads file (default: the one python -m minillm.bench.train_medusa writes)")
     e.add_argument("--draft-quantization", default=None, choices=["int8", "q4"],
                    help="method 'model': the draft alone with quantized weights (CPU, float32)")
     e.add_argument("--spec-disable-by-batch-size", type=int, default=None,
@@ -152,11 +154,15 @@ def engine_kwargs_from_args(args: Any) -> dict[str, Any]:
                                  f"got {args.draft_layers!r}") from None
         if args.draft_quantization is not None:
             spec["quantization"] = args.draft_quantization
+        if args.medusa_heads is not None:
+            spec["heads"] = args.medusa_heads
         if args.spec_disable_by_batch_size is not None:
             spec["disable_by_batch_size"] = args.spec_disable_by_batch_size or None
         kw["speculative"] = spec
-    elif args.num_speculative_tokens is not None or args.draft_layers is not None or args.draft_quantization:
-        raise ValueError("--num-speculative-tokens, --draft-layers and --draft-quantization need --speculative-method")
+    elif (args.num_speculative_tokens is not None or args.draft_layers is not None or args.draft_quantization
+          or args.medusa_heads is not None):
+        raise ValueError("--num-speculative-tokens, --draft-layers, --draft-quantization and --medusa-heads need "
+                         "--speculative-method")
     slo = {k: v for k, v in (("ttft_p95", args.slo_ttft_p95), ("itl_p95", args.slo_itl_p95),
                              ("window_s", args.slo_window)) if v is not None}
     if slo:

@@ -1,6 +1,6 @@
 """Drafters: who proposes the k tokens the target verifies.
 
-Both answer one call per engine step, for the requests that decode this step:
+Each answers one call per engine step, for the requests that decode this step:
 
     propose(requests, limits) -> (drafts, draft_probs)
 
@@ -13,6 +13,10 @@ the rejection rule), or None for a deterministic drafter (q = one-hot).
   k times over all drafting requests at once, with its own paged KV cache. A cheap way
   to get one without a second checkpoint is a *self-draft*: the target's own embeddings,
   final norm and head over a subset of its layers (``layer_subset_model``).
+* ``MedusaDrafter``: Medusa heads (``medusa.MedusaHeads``) on the target's own final
+  hidden state of each request's last sampled row: head k's top-1 is draft k, all heads
+  in one call. No model of its own, no KV cache; the speculator hands it each step's
+  hidden states (``observe``).
 
 After verification the engine calls ``rollback(request)``: the drafter's K/V for rejected
 drafts is stale, so its per-request computed length is cut back to the target's.
@@ -186,6 +190,75 @@ class ModelDrafter:
         self.state.pop(request, None)
 
 
+class MedusaDrafter:
+    """A chain of Medusa drafts: for a request whose last token t was sampled from the
+    target's hidden state h (the state at the position before t), head k's argmax on h
+    is the token k + 1 after t. q is one-hot (deterministic)."""
+
+    deterministic = True
+
+    def __init__(self, heads: Any):
+        self.heads = heads
+        self.hidden: dict[Request, torch.Tensor] = {}  # request -> the hidden state its last token came from
+        self.num_forwards = 0  # calls of the heads (one per step that drafts)
+
+    def observe(self, requests: Sequence[Request], rows: Sequence[int], hidden: torch.Tensor | None) -> None:
+        """After a step: ``hidden[rows[i]]`` is the state ``requests[i]``'s last emitted token was
+        sampled from. Without hidden states the old ones are stale: dropped (no drafts until the next)."""
+        for r, j in zip(requests, rows):
+            if hidden is None:
+                self.hidden.pop(r, None)
+            else:
+                self.hidden[r] = hidden[j]
+
+    @torch.inference_mode()
+    def propose(self, requests: Sequence[Request], limits: Sequence[int]) -> Proposal:
+        drafts: list[list[int]] = [[] for _ in requests]
+        live = [j for j, (r, k) in enumerate(zip(requests, limits)) if k > 0 and r in self.hidden]
+        if live:
+            k_max = max(limits[j] for j in live)
+            states = torch.stack([self.hidden[requests[j]] for j in live])  # [N, hidden]
+            tokens = self.heads(states, heads=range(k_max)).argmax(dim=-1).T.tolist()  # [N, k_max]
+            for n, j in enumerate(live):
+                drafts[j] = tokens[n][:limits[j]]
+            self.num_forwards += 1
+        return drafts, None
+
+    def rollback(self, request: Request) -> None:
+        pass  # nothing cached past the hidden state ``observe`` set after verification
+
+    def forget(self, request: Request) -> None:
+        self.hidden.pop(request, None)
+
+
+def medusa_heads(spec: SpeculativeConfig, target: nn.Module, device: torch.device, dtype: torch.dtype) -> Any:
+    """The heads of ``spec.heads`` (a file, default ``medusa.SHIPPED``, or a ``MedusaHeads``) on
+    ``target``'s tied embedding, in the target's device and dtype; ValueError if they do not fit."""
+    from .medusa import SHIPPED, MedusaHeads
+
+    embedding = target.embed.weight if target.lm_head is None else target.lm_head.weight
+    if isinstance(spec.heads, MedusaHeads):
+        heads = spec.heads
+        if tuple(heads.embedding.shape) != tuple(embedding.shape):
+            raise ValueError(f"the Medusa heads read a [{heads.vocab_size}, {heads.hidden_size}] embedding; "
+                             f"the target's is {list(embedding.shape)}")
+        own = MedusaHeads(embedding, num_heads=heads.num_heads, hidden_size=heads.hidden_size)
+        with torch.no_grad():  # the target's embedding, in its device and dtype; the caller's heads untouched
+            own.weight.copy_(heads.weight.detach().float())
+            own.bias.copy_(heads.bias.detach().float())
+        heads = own
+    else:
+        path = SHIPPED if spec.heads is None else spec.heads
+        if not os.path.isfile(path):
+            raise ValueError(f"no Medusa heads file at {path}: train them with `python -m minillm.bench.train_medusa` "
+                             f"(it writes {SHIPPED}), or pass speculative={{'method': 'medusa', 'heads': PATH}}")
+        heads = MedusaHeads.load(path, embedding)
+    if spec.num_speculative_tokens > heads.num_heads:
+        raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens} but the Medusa heads are "
+                         f"{heads.num_heads}: one draft per head, so at most {heads.num_heads}")
+    return heads.to(device=device, dtype=dtype)
+
+
 def build_drafter(spec: SpeculativeConfig, target: nn.Module, num_blocks: int, block_size: int,
                   device: torch.device, dtype: torch.dtype) -> Any:
     """The drafter ``spec`` asks for, checked against the target (layers, vocabulary); with
@@ -198,6 +271,8 @@ def build_drafter(spec: SpeculativeConfig, target: nn.Module, num_blocks: int, b
         return DraftProcess(inner, spec.num_speculative_tokens)
     if spec.method == "ngram":
         return NgramDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if spec.method == "medusa":
+        return MedusaDrafter(medusa_heads(spec, target, device, dtype))
     if spec.draft_layers is not None:
         draft = layer_subset_model(target, spec.draft_layers)
     elif isinstance(spec.model, nn.Module):
@@ -241,5 +316,5 @@ def _own_projections(draft: nn.Module) -> None:
     draft.layers = nn.ModuleList(layers)
 
 
-__all__ = ["NgramDrafter", "ModelDrafter", "DraftSequence", "layer_subset_model", "check_same_vocab",
+__all__ = ["NgramDrafter", "ModelDrafter", "MedusaDrafter", "medusa_heads", "DraftSequence", "layer_subset_model", "check_same_vocab",
            "build_drafter"]

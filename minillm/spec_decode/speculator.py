@@ -178,6 +178,12 @@ class Speculator:
             for j, ((i, _, _), n) in enumerate(zip(members, num)):
                 emitted[i] = toks[j * (s + 1):j * (s + 1) + n]
         self._count(out, emitted)
+        observe = getattr(self.drafter, "observe", None)
+        if observe is not None:  # Medusa: each request's last token came from logits row offset + n - 1
+            rows = {i: o for i, o in zip(model_out.rows, model_out.offsets)}
+            done = [i for i in emitted if emitted[i]]
+            observe([out.rows[i].request for i in done], [rows[i] + len(emitted[i]) - 1 for i in done],
+                    model_out.hidden)
         return emitted
 
     @staticmethod
