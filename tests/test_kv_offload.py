@@ -328,12 +328,13 @@ def _engine(real, **kwargs):
     return build_engine(EngineConfig(**opts), weights=weights, tokenizer=tok)
 
 
-def _multi_turn(engine, conversations=5, turns=3, batch=1, seed=0, max_tokens=GREEDY_TOKENS):
-    """Conversations taking turns; each turn resends the whole history plus a new question."""
+def _multi_turn(engine, conversations=5, turns=3, batch=1, seed=0, max_tokens=GREEDY_TOKENS, vocab=(1000, 20000)):
+    """Conversations taking turns; each turn resends the whole history plus a new question
+    (token ids drawn from ``vocab``)."""
     from minillm import SamplingParams
     rng = random.Random(seed)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    history = [[rng.randrange(1000, 20000) for _ in range(40)] for _ in range(conversations)]
+    history = [[rng.randrange(*vocab) for _ in range(40)] for _ in range(conversations)]
     outs = []
     for _ in range(turns):
         for i in range(0, conversations, batch):
@@ -341,7 +342,7 @@ def _multi_turn(engine, conversations=5, turns=3, batch=1, seed=0, max_tokens=GR
             got = [o.token_ids for o in engine.run([engine.make_request(history[j], params) for j in group])]
             for j, o in zip(group, got):
                 outs.append(o)
-                history[j] = history[j] + o + [rng.randrange(1000, 20000) for _ in range(17)]
+                history[j] = history[j] + o + [rng.randrange(*vocab) for _ in range(17)]
     return outs
 
 
@@ -434,22 +435,6 @@ def _cuda_engine(dtype: str, **kwargs):
     return build_engine(EngineConfig(**opts), model_config=ModelConfig(**TINY_CFG), tokenizer=None)
 
 
-def _tiny_multi_turn(engine, conversations=5, turns=3, batch=1, max_tokens=GREEDY_TOKENS):
-    from minillm import SamplingParams
-    rng = random.Random(0)
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    history = [[rng.randrange(3, 128) for _ in range(40)] for _ in range(conversations)]
-    outs = []
-    for _ in range(turns):
-        for i in range(0, conversations, batch):
-            group = range(i, min(i + batch, conversations))
-            got = [o.token_ids for o in engine.run([engine.make_request(history[j], params) for j in group])]
-            for j, o in zip(group, got):
-                outs.append(o)
-                history[j] = history[j] + o + [rng.randrange(3, 128) for _ in range(17)]
-    return outs
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("kwargs", [{}, {"max_num_batched_tokens": 24, "enable_chunked_prefill": True},
@@ -457,10 +442,11 @@ def _tiny_multi_turn(engine, conversations=5, turns=3, batch=1, max_tokens=GREED
                          ids=["plain", "chunked-prefill", "preemption"])
 def test_cuda_host_tier_in_pinned_memory_gives_the_same_greedy_tokens(dtype, kwargs):
     run = dict(batch=5, max_tokens=24) if "max_num_seqs" in kwargs else {}
+    run["vocab"] = (3, 128)  # the tiny model's
     off = _cuda_engine(dtype, **kwargs)
     on = _cuda_engine(dtype, kv_offload={"host_blocks": 64, "idle_s": 0.0}, **kwargs)
     assert on.runner.host_kv.caches[0][0].is_pinned()
-    want, got = _tiny_multi_turn(off, **run), _tiny_multi_turn(on, **run)
+    want, got = _multi_turn(off, **run), _multi_turn(on, **run)
     assert got == want
     assert on.scheduler.host_hit_tokens > 0 and on.runner.host_kv.blocks_in > 0, "the host tier was never hit"
     bm = on.scheduler.block_manager
