@@ -32,6 +32,7 @@ import torch
 from minillm.sampling import exponential_race, position_noise
 from minillm.sampling_params import SamplingParams
 from minillm.spec_decode.rejection_sampler import coupled_verify, draft_probs_from_logits, rejection_sample, verify_probs
+from minillm.spec_decode.tree import TreeRule, TreeSpec, candidate_tokens, walk_tree
 
 ToyModel = Callable[[tuple[int, ...]], torch.Tensor]  # prefix -> probabilities [V], float64
 Rule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -361,3 +362,120 @@ def compare_samplers(sampler_a: Callable[[int], torch.Tensor], sampler_b: Callab
     tv = empirical_tv(sampler_a(n), sampler_b(n))
     threshold = tv_threshold(n, num_cells, delta)
     return tv, threshold, tv <= threshold
+
+
+# ---------------------------------------------------------------- candidate trees (Medusa)
+
+Ranking = Callable[[tuple[int, ...]], torch.Tensor]  # context -> [K, W] candidate tokens per head, best first
+
+
+def toy_ranking(draft: ToyModel, num_heads: int, width: int) -> Ranking:
+    """Toy Medusa heads: head d ranks the tokens of ``draft`` at d steps along draft's own greedy path.
+
+    Like real heads they see only the context (nothing of the tokens the tree guesses
+    before theirs), and are deterministic: the same ranking for the same context.
+    """
+    def ranking(ctx: tuple[int, ...]) -> torch.Tensor:
+        rows, path = [], ()
+        for _ in range(num_heads):
+            q = draft(ctx + path)
+            rows.append(q.argsort(descending=True, stable=True)[:width])
+            path += (int(rows[-1][0]),)
+        return torch.stack(rows)
+
+    return ranking
+
+
+def _tree_round(target: ToyModel, ranking: Ranking, tree: TreeSpec, ctx: tuple[int, ...]):
+    """The nodes' tokens, each node's token path after the root, and the target at every node."""
+    tokens = candidate_tokens(tree, ctx[-1] if ctx else 0, ranking(ctx))
+    paths: list[tuple[int, ...]] = []
+    for n, parent in enumerate(tree.parents):
+        paths.append(() if parent < 0 else paths[parent] + (int(tokens[n]),))
+    p = torch.stack([target(ctx + path) for path in paths])  # [N+1, V]
+    return tokens, paths, p
+
+
+def enumerate_tree_output_distribution(target: ToyModel, ranking: Ranking, tree: TreeSpec, rule: TreeRule, m: int = 2,
+                                       context: tuple[int, ...] = ()) -> Distribution:
+    """P(first m emitted tokens) when every round verifies ``tree`` with ``rule``, exactly.
+
+    ``rule(tree, tokens [N+1], target_probs [N+1, V]) -> (move [N+1], emit [N+1, V])``
+    (``minillm.spec_decode.tree.exact_tree_rule``'s signature). The walk reaches node n with
+    the product of ``move`` along its path, stops there with that times
+    1 - sum(move of n's children), and then emits its path's tokens and t ~ emit[n].
+    """
+    memo: dict[tuple[tuple[int, ...], int], Distribution] = {}
+
+    def rounds(ctx: tuple[int, ...], need: int) -> Distribution:
+        if (ctx, need) in memo:
+            return memo[(ctx, need)]
+        tokens, paths, p = _tree_round(target, ranking, tree, ctx)
+        move, emit = rule(tree, tokens, p)
+        move, emit = move.double().tolist(), emit.double().tolist()
+        reach = [0.0] * tree.num_nodes
+        out: Distribution = defaultdict(float)
+        for n, parent in enumerate(tree.parents):
+            reach[n] = 1.0 if parent < 0 else reach[parent] * move[n]
+            stop = reach[n] * (1.0 - sum(move[c] for c in tree.children(n)))
+            for t, pt in enumerate(emit[n]):
+                if stop * pt <= 0:
+                    continue
+                emitted = paths[n] + (t,)
+                if len(emitted) >= need:
+                    out[emitted[:need]] += stop * pt
+                else:
+                    for rest, w_rest in rounds(ctx + emitted, need - len(emitted)).items():
+                        out[emitted + rest] += stop * pt * w_rest
+        memo[(ctx, need)] = dict(out)
+        return memo[(ctx, need)]
+
+    return rounds(tuple(context), m)
+
+
+def sample_tree_coupled(target: ToyModel, ranking: Ranking, tree: TreeSpec, n: int, m: int = 2, seed: int = 0,
+                        rule: str = "exact", context: tuple[int, ...] = (),
+                        **rule_args) -> tuple[torch.Tensor, float]:
+    """n m-token outputs of tree verification with the engine's per-position noise: ([n, m], tokens per round).
+
+    Row r is a request seeded ``seed + r``, as in ``sample_plain_at``; each round calls
+    ``minillm.spec_decode.tree.walk_tree`` with the noise of the positions the tree's
+    depths land at. With ``rule="exact"`` row r equals ``sample_plain_at``'s row r.
+    """
+    out, emitted, num_rounds = [], 0, 0
+    for r in range(n):
+        seq = tuple(context)
+        while len(seq) - len(context) < m:
+            tokens, _, p = _tree_round(target, ranking, tree, seq)
+            noise = position_noise(seed + r, range(len(seq), len(seq) + tree.depth + 1), p.shape[1]).double()
+            _, new = walk_tree(tree, tokens, p, noise, rule, **rule_args)
+            seq += tuple(new)
+            emitted, num_rounds = emitted + len(new), num_rounds + 1
+        out.append(seq[len(context):len(context) + m])
+    return torch.tensor(out, dtype=torch.long).reshape(n, m), emitted / max(num_rounds, 1)
+
+
+def chi_square_p_value(samples: torch.Tensor, exact: Distribution, min_expected: float = 5.0) -> float:
+    """Pearson's goodness-of-fit p-value of samples [n, m] against an exact distribution.
+
+    Cells expected fewer than ``min_expected`` times are pooled into one (the chi-square
+    approximation needs a few per cell). A sample the exact distribution gives
+    probability 0 makes the p-value 0. Survival function of chi-square with df degrees of
+    freedom: the regularized upper incomplete gamma Q(df / 2, x / 2).
+    """
+    n = len(samples)
+    counts: dict[tuple[int, ...], int] = defaultdict(int)
+    for row in samples.tolist():
+        counts[tuple(row)] += 1
+    if any(exact.get(c, 0.0) <= 0 for c in counts):
+        return 0.0
+    big = [c for c, pc in exact.items() if pc * n >= min_expected]
+    small = [c for c, pc in exact.items() if pc * n < min_expected and pc > 0]
+    cells = [([c], exact[c]) for c in big]
+    if small:
+        cells.append((small, sum(exact[c] for c in small)))
+    if len(cells) < 2:
+        return 1.0
+    stat = sum((sum(counts.get(c, 0) for c in group) - n * pg) ** 2 / (n * pg) for group, pg in cells)
+    df = torch.tensor(len(cells) - 1, dtype=torch.float64)
+    return float(torch.special.gammaincc(df / 2, torch.tensor(stat, dtype=torch.float64) / 2))
