@@ -9,6 +9,10 @@
 * a row's result does not depend on the other rows of the step (bit for bit), nor on the
   thread count;
 * bad arguments are a ValueError before anything is read; no compiler is a clear error;
+* candidate trees (``tree_start``/``tree_bits``): the nodes of a tree, rows of one sequence
+  next to a plain decode row, see only their ancestors, as in the oracle, straddling block and
+  chunk edges, also through ``layer_ops.ForwardOps``; any 64-bit mask (the sign bit too) is the
+  oracle's; a wrong mask changes the output; bad tree arguments are a ValueError;
 * engines on the ``cpu`` backend give the tokens of each request run alone.
 """
 from __future__ import annotations
@@ -22,7 +26,7 @@ from minillm import placement
 from minillm.attention import BACKENDS, AttentionMetadata, cpu_attention, cpu_attention_rows, torch_attention
 from minillm.config import EngineConfig
 from minillm.kernels.cpu import attention as kernel
-from minillm.kernels.cpu import build
+from minillm.kernels.cpu import build, layer_ops
 from minillm.kernels.paged_decode_attention import paged_attention_ref
 from tests.test_step_cost import TINY, _meta
 
@@ -140,6 +144,130 @@ def test_bad_arguments_are_refused_before_anything_is_read():
             kernel.attend_rows(*a, 0.125, out if a[0].dtype == out.dtype else out.double())
     with pytest.raises(ValueError, match="contiguous heads"):
         kernel.attend_rows(q.transpose(1, 2).contiguous().transpose(1, 2), *args[1:], ok, 0.125, out)
+
+
+TREE_PARENTS = (-1, 0, 0, 0, 1, 1, 2, 4)  # node 0 is the root; node n >= 1 sits at key root_pos + n
+TOLS = {torch.float32: 2e-6, torch.bfloat16: 2e-2}
+
+
+def _tree_bits(parents):
+    """Each node's bit set over nodes 1 .. N (bit m - 1 for node m): its ancestors and itself."""
+    bits = []
+    for n in range(len(parents)):
+        b, m = 0, n
+        while m > 0:
+            b |= 1 << (m - 1)
+            m = parents[m]
+        bits.append(b)
+    return bits
+
+
+def _tree_step(dtype, root_pos, block_size, seed):
+    """One step: a decode row of sequence 0 (70 keys), then the root and the nodes of a tree of
+    sequence 1 (its root at key root_pos) as queries of their own; the kernel's rows for them
+    (``cpu_attention_rows``'s tables, the tree masks added) and the step's tree arguments [T]."""
+    N = len(TREE_PARENTS)
+    qlens, ctxs = [1, N], [70, root_pos + N]
+    q, k_cache, v_cache, meta = _case(qlens, ctxs, block_size, dtype, seed=seed)
+    tree_start = torch.tensor([70] + [root_pos + 1] * N, dtype=torch.int32)  # decode and root rows: nothing masked
+    tree_bits = torch.tensor([0] + _tree_bits(TREE_PARENTS), dtype=torch.int64)
+    bt, ctx, rows = cpu_attention_rows(meta, dtype).tensors  # one row per query, in token order
+    return q, k_cache, v_cache, meta, (bt, ctx, rows), tree_start, tree_bits
+
+
+def _tree_oracle(q, k_cache, v_cache, meta, tree_start, tree_bits):
+    return paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), meta.block_tables, meta.query_start_loc,
+                               meta.context_lens, 0.125, tree_start=tree_start, tree_bits=tree_bits)
+
+
+@pytest.mark.parametrize("dtype", build.DTYPES)
+@pytest.mark.parametrize("root_pos,block_size", [(27, 16), (250, 16), (13, 1), (5, 4)])
+def test_tree_nodes_see_only_their_ancestors_as_in_the_oracle(dtype, root_pos, block_size):
+    """The tree's keys straddle a block edge (key 32 at root 27, 256 at root 250: the kernel's
+    chunk edge too); block size 1 puts every key in a block of its own."""
+    q, k_cache, v_cache, meta, table, tree_start, tree_bits = _tree_step(dtype, root_pos, block_size, seed=root_pos)
+    rows = kernel.AttentionRows(*table, tree_start, tree_bits)
+    got = torch.full_like(q, float("nan"))
+    rows(q, k_cache, v_cache, 0.125, got)
+    want = _tree_oracle(q, k_cache, v_cache, meta, tree_start, tree_bits)
+    assert (got.float() - want).abs().max().item() < TOLS[dtype]
+    # the rows outside the tree's keys (the decode row, the root) give the bits they give without a
+    # tree; node 1, which sees all its keys, the same numbers; every other node masks a key
+    plain = cpu_attention(q, k_cache, v_cache, meta, 0.125)
+    assert torch.equal(got[:2], plain[:2])
+    assert (got[2].float() - plain[2].float()).abs().max().item() < TOLS[dtype]
+    assert all(not torch.equal(got[t], plain[t]) for t in range(3, q.shape[0]))
+    # the same rows bound once for a forward (model.Llama._cpu_layers): ForwardOps.attend
+    T, Hq, D = q.shape
+    h = torch.zeros(T, Hq * D, dtype=dtype)
+    ops = layer_ops.ForwardOps(h, torch.ones(T, D, dtype=dtype), torch.zeros(T, D, dtype=dtype), meta, Hq,
+                               [(k_cache, v_cache)], 32, rows)
+    ops.q.copy_(q)
+    assert torch.equal(ops.attend(0, 0.125), got)
+
+
+@pytest.mark.parametrize("dtype", build.DTYPES)
+def test_any_tree_mask_is_the_oracles_including_the_sign_bit(dtype):
+    """Random 64-bit masks (negative int64s: bit 63 set) over trees of up to 64 nodes, some
+    rows with tree_start past their keys (nothing masked) or before key 0, one with a chunk
+    whose keys the mask all hides."""
+    rng = random.Random(11)
+    qlens, ctxs = [1, 5, 1, 3, 1], [64, 300, 9, 140, 600]
+    q, k_cache, v_cache, meta = _case(qlens, ctxs, 16, dtype, seed=11)
+    bt, ctx, rows = cpu_attention_rows(meta, dtype).tensors
+    starts, bits = [], []
+    for n in ctx.tolist():  # row i: token i, n keys
+        start = rng.choice([n - 64, n - rng.randint(1, 63), n, n + 5, max(n - 64, -3)])
+        b = rng.getrandbits(64) | (1 << (n - 1 - start) if 0 <= n - 1 - start < 64 else 0)  # the row sees itself
+        starts.append(start)
+        bits.append(b - (1 << 64) if b >= 1 << 63 else b)
+    assert ctx[1] == 296
+    starts[1], bits[1] = 240, 0xFFFF  # row 1 sees keys 0 .. 255 only: its second chunk (of 256 keys) is all hidden
+    tree_start, tree_bits = torch.tensor(starts, dtype=torch.int32), torch.tensor(bits, dtype=torch.int64)
+    assert (tree_bits < 0).any()
+    got = torch.empty_like(q)
+    kernel.attend_rows(q, k_cache, v_cache, bt, ctx, rows, 0.125, got, tree_start, tree_bits)
+    want = _tree_oracle(q, k_cache, v_cache, meta, tree_start, tree_bits)
+    assert (got.float() - want).abs().max().item() < TOLS[dtype]
+
+
+def test_a_wrong_tree_mask_changes_the_output():
+    q, k_cache, v_cache, meta, table, tree_start, tree_bits = _tree_step(torch.float32, 27, 16, seed=1)
+    right = torch.empty_like(q)
+    kernel.AttentionRows(*table, tree_start, tree_bits)(q, k_cache, v_cache, 0.125, right)
+    for node, bit in [(7, 1), (4, 2), (3, 0), (7, 3)]:  # 7 also sees node 2, 4 sees 3, 3 sees 1; 7 not its 4
+        wrong_bits = tree_bits.clone()
+        wrong_bits[1 + node] ^= 1 << bit  # row 1 + node: the tree's rows follow the decode row
+        wrong = torch.empty_like(q)
+        kernel.AttentionRows(*table, tree_start, wrong_bits)(q, k_cache, v_cache, 0.125, wrong)
+        changed = [t for t in range(q.shape[0]) if not torch.equal(wrong[t], right[t])]
+        assert changed == [1 + node], (node, bit)
+    later = tree_start.clone()
+    later[1 + 5] += 1  # node 5's mask read one key later: it sees node 2, not itself
+    wrong = torch.empty_like(q)
+    kernel.AttentionRows(*table, later, tree_bits)(q, k_cache, v_cache, 0.125, wrong)
+    assert not torch.equal(wrong[1 + 5], right[1 + 5])
+
+
+def test_bad_tree_arguments_are_refused():
+    q, k_cache, v_cache, meta, (bt, ctx, rows), tree_start, tree_bits = _tree_step(torch.float32, 27, 16, seed=2)
+    out = torch.empty_like(q)
+    cases = {
+        "both or neither": [(tree_start, None), (None, tree_bits)],
+        r"must be \[R\]": [(tree_start[1:], tree_bits[1:]), (tree_start, tree_bits[:, None]),
+                            (tree_start[:, None], tree_bits)],
+        "int32 and tree_bits int64": [(tree_start.long(), tree_bits), (tree_start, tree_bits.int())],
+        "CPU tensors only": [(tree_start.to("meta"), tree_bits), (tree_start, tree_bits.to("meta"))],
+    }
+    for what, pairs in cases.items():
+        for ts, tb in pairs:
+            with pytest.raises(ValueError, match=what):
+                kernel.AttentionRows(bt, ctx, rows, ts, tb)
+    for start, bits in [(0, 0), (-64, -1), (1 - 70, 0)]:  # the decode row's 70 keys: none before its tree,
+        hidden_start, hidden = tree_start.clone(), tree_bits.clone()  # and no bit of them set (or none under 64)
+        hidden_start[0], hidden[0] = start, bits
+        with pytest.raises(ValueError, match="hides all its keys"):
+            kernel.attend_rows(q, k_cache, v_cache, bt, ctx, rows, 0.125, out, hidden_start, hidden)
 
 
 def test_loading_the_kernel_leaves_the_process_float_state_alone():

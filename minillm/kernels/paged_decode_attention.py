@@ -391,6 +391,18 @@ def gather_kv_ref(
     return k, v
 
 
+def tree_key_mask(k_pos: torch.Tensor, tree_start: torch.Tensor, tree_bits: torch.Tensor) -> torch.Tensor:
+    """[q, n] bool: key position k_pos[j] is outside query i's tree region or its bit is set.
+
+    k_pos [n]; tree_start [q] and tree_bits [q] (int64 bit set: bit m is the key at
+    tree_start + m). A tree holds at most 64 nodes after its root, so only bits 0..63 are read.
+    """
+    off = k_pos[None, :].long() - tree_start[:, None].long()  # [q, n]
+    inside = (off >= 0) & (off < 64)
+    bit = (tree_bits[:, None].long() >> off.clamp(0, 63)) & 1
+    return (off < 0) | (inside & (bit == 1))
+
+
 def paged_attention_ref(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -400,6 +412,8 @@ def paged_attention_ref(
     context_lens: torch.Tensor,
     scale: float,
     max_query_len: int | None = None,  # accepted for signature parity with paged_prefill_attention
+    tree_start: torch.Tensor | None = None,
+    tree_bits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The oracle of paged attention, in fp32: every query of a step over its sequence's keys.
 
@@ -407,6 +421,12 @@ def paged_attention_ref(
     q_len queries are the last of its context_lens[b] cached tokens, so query j sits at
     position context_lens[b] - q_len + j and sees keys 0 .. that position (causal). A decode
     row is q_len 1; a sequence with no keys gives zeros. Returns out [T, Hq, D] in q.dtype.
+
+    Candidate trees (``minillm.spec_decode.tree``): ``tree_start`` [T] int32 and ``tree_bits``
+    [T] int64, both or neither. Query t then sees key j only if, besides the causal rule,
+    j < tree_start[t] or bit j - tree_start[t] of tree_bits[t] is set (``tree_key_mask``):
+    the nodes of a tree sit after their root and a node sees its ancestors and itself.
+    A query outside any tree has tree_start[t] >= its position + 1 (nothing is masked).
     """
     Hq = q.shape[1]
     Hkv = k_cache.shape[2]
@@ -424,6 +444,8 @@ def paged_attention_ref(
         q_pos = torch.arange(n - q_len, n, device=q.device)  # [q_len] absolute query positions
         k_pos = torch.arange(n, device=q.device)  # [n]
         causal = k_pos[None, :] <= q_pos[:, None]  # [q_len, n]
+        if tree_start is not None:
+            causal &= tree_key_mask(k_pos, tree_start[first:last], tree_bits[first:last])
         scores = scores.masked_fill(~causal, float("-inf"))
         probs = torch.softmax(scores, dim=-1)  # [Hq, q_len, n]
         out[first:last] = torch.einsum("hqn,nhd->qhd", probs, v).to(q.dtype)  # [q_len, Hq, D]

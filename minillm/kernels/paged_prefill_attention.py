@@ -22,6 +22,14 @@ one kernel serve a plain prefill (q_len == context_len), a later chunk of a
 chunked prefill, speculative verification of k+1 tokens, and plain decode
 (q_len == 1). Sequences with q_len == 0 are simply skipped.
 
+Candidate trees (Medusa-style verification, ``minillm.spec_decode.tree``): the nodes of
+a tree are fed as the queries of one sequence after its root, and a node may only see
+its ancestors (and itself) among them. Optional per-query ``tree_start`` [T] int32 and
+``tree_bits`` [T] int64 add one term to the mask: query t sees key j only if, besides
+the causal rule, j < tree_start[t] or bit j - tree_start[t] of tree_bits[t] is set
+(``tree_key_mask`` in paged_decode_attention.py). Queries outside any tree pass
+tree_start[t] >= their position + 1, so one launch mixes trees with plain chunks.
+
 Napkin math
 -----------
 Unlike decode, prefill reuses every K/V tile for BLOCK_M query rows, so each
@@ -49,9 +57,13 @@ Design
 * The tile depends on the dtype (_pick_config): 64x64 for bf16/fp16 on tensor
   cores; 32x32 over 8 warps for fp32, whose FMA dot keeps every operand in
   registers and would spill with the larger tile.
-* One compiled binary per model and dtype: the block-table width and the block
-  size are runtime integers that Triton never specialises on (see "Compiled
-  variants" in paged_decode_attention.py).
+* The tree mask is a constexpr branch (HAS_TREE): without tree arguments the kernel
+  is exactly the plain causal one (the tree pointers are None, nothing extra is
+  loaded); with them each row loads its tree_start and bits once, and every tile
+  adds a shift-and-test to its mask. Tiles and the key loop are the same.
+* Two compiled binaries per model and dtype, plain and tree: the block-table width
+  and the block size are runtime integers that Triton never specialises on (see
+  "Compiled variants" in paged_decode_attention.py).
 """
 
 from __future__ import annotations
@@ -79,7 +91,7 @@ if HAS_TRITON:
 
     # The block-table width changes from step to step and the block size from
     # engine to engine: never specialise on them (see "Compiled variants" in
-    # paged_decode_attention.py). One binary per model and dtype.
+    # paged_decode_attention.py). One binary per model and dtype (two: HAS_TREE or not).
     @triton.jit(do_not_specialize=["stride_bt", "BLOCK_SIZE"])
     def _paged_prefill_kernel(
         q_ptr,  # [T, Hq, D]
@@ -88,6 +100,8 @@ if HAS_TRITON:
         block_tables_ptr,  # [B, max_blocks_per_seq] int32
         query_start_loc_ptr,  # [B + 1] int32
         context_lens_ptr,  # [B] int32
+        tree_start_ptr,  # [T] int32 (HAS_TREE; else None)
+        tree_bits_ptr,  # [T] int64 (HAS_TREE; else None)
         out_ptr,  # [T, Hq, D]
         qk_scale,  # softmax scale * log2(e)
         stride_qt,
@@ -101,6 +115,7 @@ if HAS_TRITON:
         HEAD_DIM: tl.constexpr,
         BLOCK_M: tl.constexpr,  # query rows per program
         BLOCK_N: tl.constexpr,  # keys per tile
+        HAS_TREE: tl.constexpr,  # candidate-tree mask on top of the causal one
     ):
         tile = tl.program_id(0)
         h = tl.program_id(1)
@@ -127,6 +142,10 @@ if HAS_TRITON:
             mask=row_valid[:, None],
             other=0.0,
         )  # [BLOCK_M, HEAD_DIM]
+        if HAS_TREE:
+            # Per query row: where its tree region starts and which keys of it it sees.
+            t_start = tl.load(tree_start_ptr + tok, mask=row_valid, other=0)  # [BLOCK_M] int32
+            t_bits = tl.load(tree_bits_ptr + tok, mask=row_valid, other=0)  # [BLOCK_M] int64
 
         # Causality bounds the keys the whole tile needs: up to the position of
         # its last valid row (never beyond the context, even for bad inputs).
@@ -148,6 +167,14 @@ if HAS_TRITON:
             k = tl.load(k_cache_ptr + kv_off[None, :] + d[:, None], mask=kv_valid[None, :], other=0.0)
             s = tl.dot(q, k, input_precision="ieee") * qk_scale  # [BLOCK_M, BLOCK_N]
             visible = kv_valid[None, :] & (pos[None, :] <= q_pos[:, None])  # causal + in range
+            if HAS_TREE:
+                # Key j is before the query's tree region, or bit j - tree_start of its set.
+                # Arithmetic (sign-extending) shift of the int64 bits, then & 1: bit 63 reads
+                # right too. The shift is clamped to 0..63; outside that the bit is not used.
+                off = pos[None, :] - t_start[:, None]  # [BLOCK_M, BLOCK_N] int32
+                shift = tl.minimum(tl.maximum(off, 0), 63).to(tl.int64)
+                bit = (t_bits[:, None] >> shift) & 1  # [BLOCK_M, BLOCK_N] int64
+                visible = visible & ((off < 0) | ((off < 64) & (bit != 0)))
             s = tl.where(visible, s, float("-inf"))
 
             m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [BLOCK_M]
@@ -160,7 +187,8 @@ if HAS_TRITON:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             m_i = m_new
 
-        # A valid query always sees at least key 0; the guard only protects padding rows.
+        # A valid query always sees at least key 0 (a tree region starts after its root);
+        # the guard only protects padding rows.
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(
             out_ptr + tok[:, None] * stride_ot + h * stride_oh + d[None, :],
@@ -199,12 +227,21 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,
     scale: float,
     max_query_len: int | None = None,
+    tree_start: torch.Tensor | None = None,
+    tree_bits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out[T, Hq, D]: varlen causal attention of the packed new tokens over the paged cache.
 
     max_query_len sizes the grid; pass it from the host-side batch metadata.
     If None it is computed from query_start_loc, which costs a device sync.
     Rows of q past query_start_loc[B] belong to no sequence; their output is undefined.
+
+    Candidate trees: ``tree_start`` [T] int32 and ``tree_bits`` [T] int64, both or neither,
+    one per query token. Query t then also needs, for key position j, j < tree_start[t] or
+    bit j - tree_start[t] of tree_bits[t] set (bit 63 is the int64 sign bit); keys 64 or
+    more past tree_start[t] are masked. A query outside any tree passes tree_start[t] >= its
+    position + 1. The oracle is paged_attention_ref(..., tree_start=, tree_bits=).
+    Without them the kernel is the plain causal one (HAS_TREE=False: no extra loads).
     """
     name = "paged_prefill_attention"
     require_triton(name)
@@ -217,6 +254,17 @@ def paged_prefill_attention(
     check(query_start_loc.dtype == torch.int32, f"{name}: query_start_loc must be int32, got {query_start_loc.dtype}")
     check(query_start_loc.is_contiguous(), f"{name}: query_start_loc must be contiguous")
     check_device(name, q, query_start_loc)
+    T = q.shape[0]
+    has_tree = tree_start is not None or tree_bits is not None
+    if has_tree:
+        check(tree_start is not None and tree_bits is not None,
+              f"{name}: pass tree_start and tree_bits together (got only "
+              f"{'tree_start' if tree_bits is None else 'tree_bits'})")
+        for label, t, dtype in (("tree_start", tree_start, torch.int32), ("tree_bits", tree_bits, torch.int64)):
+            check(t.dim() == 1 and t.shape[0] == T, f"{name}: {label} must be [T]={T}, got shape {tuple(t.shape)}")
+            check(t.dtype == dtype, f"{name}: {label} must be {str(dtype).removeprefix('torch.')}, got {t.dtype}")
+            check(t.is_contiguous(), f"{name}: {label} must be contiguous")
+        check_device(name, q, tree_start, tree_bits)
 
     T, Hq, D = q.shape
     _, block_size, Hkv, _ = k_cache.shape
@@ -232,7 +280,9 @@ def paged_prefill_attention(
     cfg = _pick_config(D, q.dtype, planning_gpu(q.device))
     grid = (triton.cdiv(int(max_query_len), cfg["BLOCK_M"]), Hq, B)
     _paged_prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, query_start_loc, context_lens, out,
+        q, k_cache, v_cache, block_tables, query_start_loc, context_lens,
+        tree_start, tree_bits,  # None without a tree: constexpr None, nothing is loaded
+        out,
         float(scale) * _LOG2E,
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
@@ -243,6 +293,7 @@ def paged_prefill_attention(
         HEAD_DIM=D,
         BLOCK_M=cfg["BLOCK_M"],
         BLOCK_N=cfg["BLOCK_N"],
+        HAS_TREE=has_tree,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -181,6 +181,20 @@ def run_prefill(m: ModelShape, block_size: int, dtype, B: int, width: int, q_len
     return paged_prefill_attention(q, kc, vc, tables, qsl, ctx, m.head_dim ** -0.5, max_query_len=q_len)
 
 
+def run_prefill_tree(m: ModelShape, block_size: int, dtype, B: int, width: int, q_len: int, device):
+    """run_prefill with candidate trees (tree_start/tree_bits, the kernel's HAS_TREE variant):
+    each sequence a root at position 0 and q_len - 1 nodes that see every earlier node."""
+    q, _, _ = _engine_qkv(m, B * q_len, dtype, device)
+    kc, vc = _engine_cache(m, block_size, dtype, device)
+    tables = _filled((B, width), 0, torch.int32, device)
+    qsl = torch.arange(0, (B + 1) * q_len, q_len, dtype=torch.int32, device=device)  # [B+1]
+    ctx = _filled((B,), q_len, torch.int32, device)
+    tree_start = _filled((B * q_len,), 1, torch.int32, device)  # [T] the root's position + 1
+    tree_bits = _filled((B * q_len,), -1, torch.int64, device)  # [T] every node of the tree
+    return paged_prefill_attention(q, kc, vc, tables, qsl, ctx, m.head_dim ** -0.5, max_query_len=q_len,
+                                   tree_start=tree_start, tree_bits=tree_bits)
+
+
 def run_quant_gemv(fmt: str, dtype, M: int, N: int, K: int, device):
     """u8_gemv (``fmt`` "int8_group") or q4_gemv ("q4_group") of M rows through an [N, K]
     weight in groups of QUANT_GROUP_SIZE columns."""
@@ -241,6 +255,10 @@ def engine_launches(model, dtype: torch.dtype, block_size: int, gpu: GpuSpec | N
     count the heuristic can choose). That is ~3.3k wrapper calls at block size 8
     and max_model_len 8192.
 
+    The prefill kernel has a second variant for candidate trees (speculative
+    verification of Medusa trees: tree_start/tree_bits); two "prefill tree"
+    launches compile it.
+
     ``gpu`` is not used (the wrappers plan for the device they run on); it is accepted
     so that callers can say which GPU the list is meant for.
 
@@ -269,6 +287,11 @@ def engine_launches(model, dtype: torch.dtype, block_size: int, gpu: GpuSpec | N
     for B, q_len, width in prefill:
         out.append(Launch(f"prefill B={B} q_len={q_len} width={width} bs={block_size}", dtype,
                           partial(run_prefill, m, block_size, dtype, B, width, q_len)))
+    # Candidate-tree verification (Medusa): the prefill kernel's tree variant. Like the plain
+    # one it specialises on neither batch nor width; one binary whatever the tree.
+    for B, q_len, width in [(1, 8, 1), (4, 8, max_blocks)]:
+        out.append(Launch(f"prefill tree B={B} q_len={q_len} width={width} bs={block_size}", dtype,
+                          partial(run_prefill_tree, m, block_size, dtype, B, width, q_len)))
     if quantization is not None:
         out += quant_launches(m, dtype, quantization, max_num_seqs=max_num_seqs)
     return out

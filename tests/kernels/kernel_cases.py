@@ -60,6 +60,24 @@ PREFILL_GPU_CASES = [(16, 2, 64, 16), (8, 8, 128, 32), (12, 4, 64, 2048)]
 PREFILL_GPU_CASE_IDS = ["gqa8-d64-bs16", "mha-d128-bs32", "gqa3-huge-block"]
 PREFILL_EQUALS_DECODE_GPU = (16, 2, 64, 16, [1, 16, 700, 4000])
 
+# --- prefill with candidate trees (tree_start/tree_bits): (Hq, Hkv, D, block_size) and per
+# sequence (q_len, context_len, tree): tree None for a plain chunk, else the parents of its
+# nodes (node 0 the root, as minillm.spec_decode.tree.TreeSpec.parents), fed as the sequence's
+# last q_len == len(parents) queries. Interpreter: a root and 7 nodes at positions 13..20 with
+# block size 8 (the tree straddles the block edge at 16), a plain chunk before it, and the
+# root and first 4 nodes of the same tree at positions 0..4 (the root is key 0). fp32 and fp16.
+TREE_PARENTS = (-1, 0, 0, 0, 1, 1, 2, 4)
+PREFILL_TREE = ((4, 2, 32, 8), [(6, 11, None), (8, 21, TREE_PARENTS), (5, 5, TREE_PARENTS[:5])])
+# Raw bits, bit 63 included: queries with tree_start = position - 63, so every one of the
+# 64 bits decides a causally visible key. (Hq, Hkv, D, block_size, q_len, context_len); fp32.
+PREFILL_TREE_BITS = (2, 1, 32, 8, 5, 80)
+# GPU: a 63-node tree (every bit but 63, each node's parent drawn at random) after 1500 cached
+# tokens and a 5-node chain, beside long plain chunks; bf16/fp16 with the GPU tiles.
+_G = torch.Generator().manual_seed(5)
+TREE_GPU_PARENTS = (-1,) + tuple(int(torch.randint(0, n, (1,), generator=_G)) for n in range(1, 64))
+PREFILL_TREE_GPU = ((16, 2, 64, 16), [(300, 1000, None), (64, 1564, TREE_GPU_PARENTS), (1, 513, None),
+                                      (6, 40, (-1, 0, 1, 2, 3, 4)), (129, 129, None)])
+
 # --- quant_gemv: (M, N, K, group_size): y[M, N] = x[M, K] @ w[N, K].T, w in 8-bit or 4-bit groups
 # One decode row, a small batch, more rows than a tile; N never a multiple of the tile;
 # K of several groups; group sizes 16, 32 and 128. Each case runs u8_gemv and q4_gemv.
@@ -140,6 +158,31 @@ def launches():
                                         torch.tensor(ctx, dtype=torch.int32, device=device), D ** -0.5,
                                         max_query_len=max(q_lens))
         return run
+
+    def prefill_tree_call(head_case, seqs, dtype):
+        Hq, Hkv, D, bs = head_case
+        q_lens, ctx = [s[0] for s in seqs], [s[1] for s in seqs]
+        width = max(1, max(-(-n // bs) for n in ctx)) + 2
+        T = sum(q_lens)
+
+        def run(device):
+            cache = torch.empty(1, bs, Hkv, D, dtype=dtype, device=device)
+            qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+            pre.paged_prefill_attention(torch.empty(T, Hq, D, dtype=dtype, device=device), cache,
+                                        torch.empty_like(cache),
+                                        torch.zeros(len(seqs), width, dtype=torch.int32, device=device), qsl,
+                                        torch.tensor(ctx, dtype=torch.int32, device=device), D ** -0.5,
+                                        max_query_len=max(q_lens),
+                                        tree_start=torch.zeros(T, dtype=torch.int32, device=device),
+                                        tree_bits=torch.zeros(T, dtype=torch.int64, device=device))
+        return run
+
+    for dtype in INTERP_DTYPES:
+        add("prefill tree", dtype, prefill_tree_call(*PREFILL_TREE, dtype))
+    Hq, Hkv, D, bs, q_len, n = PREFILL_TREE_BITS
+    add("prefill tree bits", torch.float32, prefill_tree_call((Hq, Hkv, D, bs), [(q_len, n, None)], torch.float32))
+    for dtype in GPU_DTYPES:
+        add("prefill tree gpu", dtype, prefill_tree_call(*PREFILL_TREE_GPU, dtype))
 
     for dtype in INTERP_DTYPES:
         for T, D, strided in RMS_INTERP:

@@ -102,9 +102,11 @@ def test_reachable_variants_are_few(report, dtype):
         counts = report["reachable"][f"{dtype}/{'any bs' if bs is None else f'bs={bs}'}"]
         assert set(counts) == set(FLOAT_KERNELS), counts  # a float model: no quantized GEMV
         assert max(counts.values()) <= MAX_VARIANTS_PER_KERNEL, counts
-        # What the attention kernels' docstrings promise: one binary each per model and dtype.
+        # What the attention kernels' docstrings promise: one binary each per model and dtype,
+        # and for prefill a second one with the candidate-tree mask (warmup's "prefill tree").
         assert counts["_paged_decode_kernel"] == counts["_reduce_splits_kernel"] == 1, counts
-        assert counts["_paged_prefill_kernel"] == counts["_store_kv_kernel"] == 1, counts
+        assert counts["_store_kv_kernel"] == 1, counts
+        assert counts["_paged_prefill_kernel"] == 2, counts
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -232,6 +234,9 @@ def test_warmup_leaves_nothing_to_compile_while_serving():
         paged_decode_attention(q, kc, vc, tables, ctx, D ** -0.5)
         qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
         paged_prefill_attention(q, kc, vc, tables, qsl, ctx, D ** -0.5, max_query_len=1)
+        # Candidate trees: nothing masked (tree_start past each position), the tree variant all the same.
+        paged_prefill_attention(q, kc, vc, tables, qsl, ctx, D ** -0.5, max_query_len=1, tree_start=ctx.clone(),
+                                tree_bits=torch.zeros(B, dtype=torch.int64, device="cuda"))
         qkv = torch.zeros(B, (Hq + 2 * Hkv) * D, device="cuda", dtype=dtype)
         k = torch.zeros(B, Hkv, D, device="cuda", dtype=dtype)
         store_kv(k, qkv[:, (Hq + Hkv) * D:].view(B, Hkv, D), kc, vc, torch.zeros(B, dtype=torch.long, device="cuda"))
