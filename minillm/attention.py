@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from minillm import seams
 from minillm.kernels.cpu import attention as cpu_kernel
+from minillm.kernels.paged_decode_attention import tree_key_mask
 from minillm.kernels.store_kv import store_kv_ref
 
 
@@ -54,6 +55,14 @@ class AttentionMetadata:
     query_start_loc_list: list[int] | None = None  # None: derived from query_lens_list
     block_tables_list: list[list[int]] | None = None  # None: read once from block_tables
     plan: dict = field(default_factory=dict)  # per-step index tensors, built once, reused by every layer
+    # Candidate trees (speculative verification, spec_decode/tree.py), or None: per query token,
+    # the first key of its tree's nodes and the bits of the nodes it may read there
+    # (``kernels.paged_decode_attention.tree_key_mask``); a token outside a tree has
+    # tree_start past its own position. Device tensors [T] int32 / int64 and host lists.
+    tree_start: torch.Tensor | None = None
+    tree_bits: torch.Tensor | None = None
+    tree_start_list: list[int] | None = None
+    tree_bits_list: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.query_start_loc_list is None:
@@ -257,7 +266,12 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             out[s] = F.scaled_dot_product_attention(qg, k[None], v[None], scale=scale).reshape(Hq, D)
             continue
         qs = q[s:s + n].transpose(0, 1)[None]  # [1, Hq, n, D]; enable_gqa: query head h reads KV head h // group
-        if ctx == n:  # whole prompt at once: the plain causal mask
+        if meta.tree_start is not None:  # a candidate tree's nodes (or any row of a step that has one)
+            pos = torch.arange(ctx, device=q.device)
+            qpos = torch.arange(ctx - n, ctx, device=q.device)
+            mask = (pos[None, :] <= qpos[:, None]) & tree_key_mask(pos, meta.tree_start[s:s + n], meta.tree_bits[s:s + n])
+            o = F.scaled_dot_product_attention(qs, k[None], v[None], attn_mask=mask, scale=scale, enable_gqa=True)
+        elif ctx == n:  # whole prompt at once: the plain causal mask
             o = F.scaled_dot_product_attention(qs, k[None], v[None], is_causal=True, scale=scale, enable_gqa=True)
         else:  # a chunk after cached context: query j sees keys <= ctx - n + j
             pos = torch.arange(ctx, device=q.device)
@@ -314,7 +328,11 @@ def cpu_attention_rows(meta: AttentionMetadata, dtype: torch.dtype):
         ctx = torch.tensor(meta.context_lens_list, dtype=torch.int64)[seq] - qlens[seq] + j + 1
         rows = torch.stack([torch.arange(seq.shape[0]), starts[seq] + j], 1)  # (table row, token)
         table = meta.block_tables.to("cpu", torch.int32)[seq]  # [R, max_blocks] each row's sequence's table
-        plan["cpu_rows"] = cpu_kernel.AttentionRows(table, ctx.to(torch.int32), rows)
+        tree = {}
+        if meta.tree_start_list is not None:  # per query row: the candidate tree's mask (rows are tokens, in order)
+            tree = dict(tree_start=torch.tensor(meta.tree_start_list, dtype=torch.int32),
+                        tree_bits=torch.tensor(meta.tree_bits_list, dtype=torch.int64))
+        plan["cpu_rows"] = cpu_kernel.AttentionRows(table, ctx.to(torch.int32), rows, **tree)
     return plan["cpu_rows"]
 
 
@@ -327,7 +345,8 @@ def triton_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if meta.is_pure_decode:
         return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
     return paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                                   meta.context_lens, scale, max_query_len=max(meta.query_lens_list))
+                                   meta.context_lens, scale, max_query_len=max(meta.query_lens_list),
+                                   tree_start=meta.tree_start, tree_bits=meta.tree_bits)
 
 
 def triton_write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .candidate_tree import TreeSpec, build_tree
 from .slo import SloConfig, check_slo_engine
 
 
@@ -159,7 +160,15 @@ class SpeculativeConfig:
     * ``method="medusa"``: Medusa heads on the target's own last hidden state draft the
       next tokens, head k's top-1 the k-th (a chain); ``heads``: their file (default: the
       one ``python -m minillm.bench.train_medusa`` writes) or a ``MedusaHeads``;
-      ``num_speculative_tokens`` at most their number.
+      ``num_speculative_tokens`` at most their number. ``tree``: a candidate tree instead,
+      as Medusa's choices (``spec_decode/tree.py``: ``[(0,), (1,), (0, 0)]`` tries head 0's
+      top-2 and head 1's top-1 after the first), verified in one forward with a tree
+      attention mask; ``num_speculative_tokens`` then defaults to its number of nodes (a
+      smaller one verifies its first nodes). ``acceptance``: "exact" (the default: the
+      output is distributed as plain sampling's, token for token the same with a seed) or
+      "typical" (Medusa-2's typical acceptance with ``typical_epsilon`` and
+      ``typical_delta``: accepts more, not exact when sampling; trees only, a chain then
+      being the tree of its k nodes).
     * ``quantization`` (method "model"): the draft alone in "int8" or "q4" (as
       ``EngineConfig.quantization``); a self-draft gets quantized copies of its layers, the
       target keeps its own.
@@ -173,7 +182,7 @@ class SpeculativeConfig:
     """
 
     method: str
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None  # None: 4, or a tree's number of nodes
     prompt_lookup_max: int = 3
     prompt_lookup_min: int = 2  # a single-token match drafts junk too often to pay for its verification
     draft_layers: list[int] | None = None
@@ -183,14 +192,22 @@ class SpeculativeConfig:
     quantization: str | None = None
     draft_process: bool = False
     heads: Any = None
+    tree: Any = None  # Medusa choices, e.g. [(0,), (1,), (0, 0)], or a spec_decode.tree.TreeSpec
+    acceptance: str = "exact"
+    typical_epsilon: float = 0.09
+    typical_delta: float = 0.3
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
             raise ValueError(f"unknown speculative method {self.method!r}; valid methods: {', '.join(SPEC_METHODS)}")
+        self._check_tree()
         k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise ValueError(f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}] "
-                             f"(tokens drafted per step; each costs verification compute), got {k!r}")
+        if k is None:
+            k = self.num_speculative_tokens = 4 if self.tree is None else self.tree.num_nodes - 1
+        most = MAX_SPECULATIVE_TOKENS if self.tree is None else self.tree.num_nodes - 1
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= most:
+            where = "the tree's nodes" if self.tree is not None else "tokens drafted per step; each costs verification compute"
+            raise ValueError(f"num_speculative_tokens must be an integer in [1, {most}] ({where}), got {k!r}")
         _positive_int("prompt_lookup_min", self.prompt_lookup_min)
         _positive_int("prompt_lookup_max", self.prompt_lookup_max)
         if self.prompt_lookup_min > self.prompt_lookup_max:
@@ -222,6 +239,23 @@ class SpeculativeConfig:
         check_bool_fields(self)
         if self.disable_by_batch_size is not None:
             _positive_int("disable_by_batch_size", self.disable_by_batch_size)
+
+    def _check_tree(self) -> None:
+        """The tree and acceptance options: Medusa's; the tree as a TreeSpec."""
+        if self.acceptance not in ("exact", "typical"):
+            raise ValueError(f"acceptance must be 'exact' or 'typical', got {self.acceptance!r}")
+        for name in ("typical_epsilon", "typical_delta"):
+            x = getattr(self, name)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x <= 1:
+                raise ValueError(f"{name} must be a number in (0, 1], got {x!r}")
+        if self.method != "medusa" and (self.tree is not None or self.acceptance != "exact"):
+            raise ValueError(f"tree and acceptance='typical' are options of the 'medusa' method, not of {self.method!r}")
+        if self.tree is None:
+            return
+        if not isinstance(self.tree, TreeSpec):
+            if not isinstance(self.tree, (list, tuple)) or not all(isinstance(c, (list, tuple)) for c in self.tree):
+                raise ValueError(f"tree must be a list of choices such as [(0,), (1,), (0, 0)], got {self.tree!r}")
+            self.tree = build_tree(self.tree)
 
     @classmethod
     def from_dict(cls, options: "dict | SpeculativeConfig") -> "SpeculativeConfig":

@@ -168,6 +168,8 @@ class LLMEngine:
             self.speculator.propose(out)  # drafts, into the lookahead the scheduler reserved
         model_out = self.runner.execute(out)  # logits, laid out as the batch was built
         emitted = self.sample(out, model_out)  # row index -> its tokens (1, or up to k + 1)
+        if self.speculator is not None and self.speculator.kv_moves:  # a tree's accepted path, where it now sits
+            self.runner.move_kv(self.speculator.take_kv_moves())
         end = self.clock.now()
         finished = self.scheduler.update(out, emitted, now=end)
         if self.speculator is not None:

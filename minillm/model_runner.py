@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import seams
 from .attention import AttentionMetadata
 from .block_manager import slots_for  # token position -> cache slot through a block table
 from .config import ModelConfig
@@ -150,6 +151,8 @@ class BatchPlan:
     sample_rows: list[int]
     offsets: list[int]
     token_starts: list[int]
+    tree_start: list[int] | None = None  # per token, when a row verifies a candidate tree (AttentionMetadata)
+    tree_bits: list[int] | None = None
 
 
 def plan_batch(rows: list[ScheduledRequest], block_size: int) -> BatchPlan:
@@ -163,12 +166,26 @@ def plan_batch(rows: list[ScheduledRequest], block_size: int) -> BatchPlan:
     logits_index: list[int] = []
     sample_rows: list[int] = []
     offsets: list[int] = []
+    trees = any(row.spec_tree is not None for row in rows)
+    tree_start: list[int] = []
+    tree_bits: list[int] = []
     for i, row in enumerate(rows):
         r, n = row.request, row.num_new_tokens
         start, end = r.num_computed_tokens, r.num_computed_tokens + n
         ids.extend(r.all_token_ids[start:start + row.num_known_tokens])
         ids.extend(row.spec_token_ids)
-        pos.extend(range(start, end))
+        tree = row.spec_tree
+        if tree is None:
+            pos.extend(range(start, end))
+            if trees:
+                tree_start.extend(range(start + 1, end + 1))  # past each token's own position: no mask
+                tree_bits.extend([0] * n)
+        else:  # a candidate tree after the root (the last known token): slots in node order,
+            root = end - tree.num_nodes  # positions root + depth, each node reading its ancestors
+            pos.extend(range(start, root))
+            pos.extend(root + d for d in tree.depths)
+            tree_start.extend([end] * (root - start) + [root + 1] * tree.num_nodes)
+            tree_bits.extend([0] * (root - start) + tree_mask_bits(tree))
         slots.extend(slots_for(r.block_ids, block_size, start, end))
         qstart.append(qstart[-1] + n)
         ctx.append(end)
@@ -191,7 +208,23 @@ def plan_batch(rows: list[ScheduledRequest], block_size: int) -> BatchPlan:
         flat.extend(param_table_bits(params))
     cuts = [T, T, T, S, B + 1, B]
     return BatchPlan(flat, cuts, width, block_size, with_table, qlens, ctx, qstart, tables, sample_rows, offsets,
-                     [qstart[i + 1] - rows[i].num_logits for i in sample_rows])
+                     [qstart[i + 1] - rows[i].num_logits for i in sample_rows],
+                     tree_start if trees else None, tree_bits if trees else None)
+
+
+def tree_mask_bits(tree) -> list[int]:
+    """Each node's ancestors-or-self past the root as the bits the attention kernels read
+    (``TreeSpec.ancestor_bits``), or from a learner's plugged ``tree_attention_mask`` (chapter 8):
+    bit m - 1 set iff mask[n, m], for m = 1..N."""
+    mine = seams.plugged("tree_attention_mask")
+    if mine is None:
+        return tree.ancestor_bits()
+    mask = torch.as_tensor(mine(list(tree.parents)), dtype=torch.bool)
+    n = tree.num_nodes
+    if mask.shape != (n, n):
+        raise ValueError(f"tree_attention_mask must return [{n}, {n}] for {n} nodes, got {tuple(mask.shape)}")
+    weights = [1 << (m - 1) for m in range(1, n)]
+    return [sum(w for w, seen in zip(weights, row[1:]) if seen) for row in mask.tolist()]
 
 
 def batch_from_plan(plan: BatchPlan, device: torch.device) -> StepBatch:
@@ -213,6 +246,10 @@ def batch_from_plan(plan: BatchPlan, device: torch.device) -> StepBatch:
         query_start_loc_list=plan.qstart,
         block_tables_list=plan.tables,
     )
+    if plan.tree_start is not None:  # a step that verifies a candidate tree: its mask, one more small upload
+        meta.tree_start = upload(plan.tree_start, torch.int32, device)
+        meta.tree_bits = upload(plan.tree_bits, torch.int64, device)
+        meta.tree_start_list, meta.tree_bits_list = plan.tree_start, plan.tree_bits
     return StepBatch(input_ids, positions, meta, li, plan.sample_rows, plan.offsets, plan.token_starts, sampling_table)
 
 
@@ -264,6 +301,20 @@ class ModelRunner:
         """
         if not forward_seam_plugged():
             self.graphs = DecodeGraphs(self, max_num_seqs, max_model_len)
+
+    @torch.inference_mode()
+    def move_kv(self, moves: list[tuple[Request, int, int]]) -> None:
+        """Copy each (request, from position, to position)'s K/V in every layer: a verified
+        candidate tree's accepted path, written in node order, to the positions its tokens take.
+        All sources are read before any destination is written."""
+        src = [slots_for(r.block_ids, self.block_size, a, a + 1)[0] for r, a, _ in moves]
+        dst = [slots_for(r.block_ids, self.block_size, b, b + 1)[0] for r, _, b in moves]
+        src_t = torch.tensor(src, dtype=torch.long, device=self.device)
+        dst_t = torch.tensor(dst, dtype=torch.long, device=self.device)
+        for k_cache, v_cache in self.kv_caches:
+            for cache in (k_cache, v_cache):
+                flat = cache.view(-1, *cache.shape[2:])
+                flat.index_copy_(0, dst_t, flat.index_select(0, src_t))
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelOutput:

@@ -19,7 +19,8 @@ PACKAGE = ROOT / "minillm"
 LAYERS = [
     # 1. leaves: plain values and records, no torch needed to read them
     ["minillm", "minillm.config", "minillm.sampling_params", "minillm.request", "minillm.clock", "minillm.seams",
-     "minillm.metrics", "minillm.cache", "minillm.inputs", "minillm.detokenizer", "minillm.threads", "minillm.slo"],
+     "minillm.metrics", "minillm.cache", "minillm.inputs", "minillm.detokenizer", "minillm.threads", "minillm.slo",
+     "minillm.candidate_tree"],
     # 2. kernels (Triton; the CPU's C++ with its build and bindings) and where they run
     ["minillm.kernels*", "minillm.placement"],
     # 3. the model and its attention; weights from the GGUF

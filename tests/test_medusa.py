@@ -327,3 +327,134 @@ def test_medusa_chain_on_cuda_gives_the_plain_engines_greedy_tokens(fitted, dtyp
     assert engine.speculator.drafter.heads.weight.is_cuda
     assert _run(engine, prompts) == want
     assert engine.spec_stats.num_accepted > 0
+
+
+# ---------------------------------------------------------------- the candidate tree in the engine
+
+TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 0, 1)]
+
+
+class SecondBest(torch.nn.Module):
+    """Heads whose right token ranks second on heads 0 and 2: a chain of top-1 drafts misses,
+    and a tree's path goes through rank-1 nodes, whose K/V sit away from their depth."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, hidden, heads=None):
+        logits = self.inner(hidden, heads)
+        top2 = logits.topk(2, dim=-1).indices
+        out = logits.clone()
+        for k in range(0, logits.shape[0], 2):
+            out[k].scatter_(-1, top2[k, :, :1], logits[k].gather(-1, top2[k, :, 1:]))
+            out[k].scatter_(-1, top2[k, :, 1:], logits[k].gather(-1, top2[k, :, :1]))
+        return out
+
+
+def _tree_engine(heads, second_best=True, **kwargs):
+    spec = {"method": "medusa", "heads": heads, "tree": TREE, "disable_by_batch_size": None}
+    engine = _engine(speculative=spec | kwargs.pop("speculative", {}), **kwargs)
+    if second_best:
+        engine.speculator.drafter.heads = SecondBest(engine.speculator.drafter.heads)
+    moves = []
+    move_kv = engine.runner.move_kv
+    engine.runner.move_kv = lambda m: (moves.extend(m), move_kv(m))
+    return engine, moves
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu", "triton"])
+def test_medusa_tree_gives_the_plain_engines_greedy_tokens(fitted, backend):
+    """Alone and batched, through rank-1 nodes: the tree mask lets each node read only its path,
+    and the accepted path's K/V move to their depth (a node's K/V left where it was written, or a
+    chain's causal mask, or positions by node index instead of depth, all change these tokens)."""
+    prompts, want, heads = fitted
+    if backend != "triton":  # (the interpreter is slow: batched only)
+        alone = [_run(_tree_engine(heads, attention_backend=backend)[0], [p])[0] for p in prompts]
+        assert alone == want
+    engine, moves = _tree_engine(heads, attention_backend=backend)
+    assert _run(engine, prompts) == want
+    st = engine.spec_stats
+    assert st.acceptance_rate > 0.8 and st.tokens_per_target_forward > 2.5, st.as_dict()
+    assert sum(a - b == 1 for _, a, b in moves) > 10  # rank-1 nodes accepted: node n moved to depth n - 1
+    chain = _engine(speculative={"method": "medusa", "heads": heads, "num_speculative_tokens": 3,
+                                 "disable_by_batch_size": None}, attention_backend=backend)
+    chain.speculator.drafter.heads = SecondBest(chain.speculator.drafter.heads)
+    assert _run(chain, prompts) == want and chain.spec_stats.tokens_per_target_forward < 1.5
+
+
+@pytest.mark.parametrize("kwargs", [{"enable_chunked_prefill": True, "max_num_batched_tokens": 16},
+                                    {"num_blocks": 12, "max_model_len": 64}], ids=["chunked-prefill", "preemption"])
+def test_medusa_tree_is_exact_with_chunked_prefill_and_preemption(fitted, kwargs):
+    prompts, want, heads = fitted
+    engine, moves = _tree_engine(heads, **kwargs)
+    assert _run(engine, prompts) == want
+    assert engine.spec_stats.num_accepted > 0 and moves
+    if "num_blocks" in kwargs:
+        assert engine.scheduler.num_preemptions > 0, "no preemption happened"
+    assert engine.scheduler.block_manager.num_free_blocks == engine.scheduler.block_manager.num_blocks
+
+
+def test_medusa_tree_seeded_sampling_is_plain_sampling_and_typical_acceptance_is_not(fitted):
+    from minillm import SamplingParams
+    prompts, _, heads = fitted
+    params = SamplingParams(temperature=0.9, max_tokens=24, ignore_eos=True, seed=5)
+
+    def run(engine):
+        return [o.token_ids for o in engine.run([engine.make_request(p, params) for p in prompts])]
+
+    want = run(_engine())
+    exact, _ = _tree_engine(heads, second_best=False)
+    assert run(exact) == want and exact.spec_stats.num_accepted > 0
+    typical, _ = _tree_engine(heads, second_best=False, speculative={"acceptance": "typical"})
+    assert run(typical) != want
+    assert typical.spec_stats.tokens_per_target_forward > exact.spec_stats.tokens_per_target_forward
+
+
+def test_medusa_tree_options_are_clear_errors():
+    from minillm.config import EngineConfig
+    heads = MedusaHeads(loader.dummy_weights(TINY, seed=0)["embed.weight"], num_heads=2)
+    with pytest.raises(ValueError, match="3 deep but the Medusa heads are 2"):
+        _engine(speculative={"method": "medusa", "heads": heads, "tree": TREE})
+    with pytest.raises(ValueError, match="options of the 'medusa' method"):
+        EngineConfig(engine="paged", speculative={"method": "ngram", "tree": TREE})
+    with pytest.raises(ValueError, match="options of the 'medusa' method"):
+        EngineConfig(engine="paged", speculative={"method": "ngram", "acceptance": "typical"})
+    with pytest.raises(ValueError, match="add \\(1,\\)"):
+        EngineConfig(engine="paged", speculative={"method": "medusa", "tree": [(0,), (1, 0)]})
+    with pytest.raises(ValueError, match="list of choices"):
+        EngineConfig(engine="paged", speculative={"method": "medusa", "tree": "big"})
+    with pytest.raises(ValueError, match=r"in \[1, 12\] \(the tree's nodes\)"):
+        EngineConfig(engine="paged", speculative={"method": "medusa", "tree": TREE, "num_speculative_tokens": 13})
+    with pytest.raises(ValueError, match="'exact' or 'typical'"):
+        EngineConfig(engine="paged", speculative={"method": "medusa", "acceptance": "greedy"})
+    with pytest.raises(ValueError, match="typical_epsilon must be"):
+        EngineConfig(engine="paged", speculative={"method": "medusa", "typical_epsilon": 0})
+    spec = EngineConfig(engine="paged", speculative={"method": "medusa", "tree": TREE}).speculative
+    assert spec.num_speculative_tokens == len(TREE) and spec.tree.depth == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_medusa_tree_on_cuda_gives_the_plain_engines_greedy_tokens(fitted, dtype):
+    prompts, _, heads = fitted
+    opts = dict(device="cuda", dtype=dtype, attention_backend="triton")
+    want = _run(_engine(**opts), prompts)
+    engine, moves = _tree_engine(heads, cuda_graphs=True, **opts)
+    assert _run(engine, prompts) == want
+    assert engine.spec_stats.num_accepted > 0 and moves
+
+
+def test_compare_drafters_runs_each_engine_and_checks_its_tokens(fitted):
+    from minillm.bench.medusa_measure import compare_drafters
+
+    prompts, want, heads = fitted
+    configs = {"plain": None,
+               "n-gram": {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": None},
+               "tree": {"method": "medusa", "heads": heads, "tree": TREE, "disable_by_batch_size": None}}
+    for batch in (1, 2):
+        res = compare_drafters(prompts, configs, max_tokens=24, rounds=2, batch=batch,
+                               build=lambda spec, n: _engine(speculative=spec, max_num_seqs=n))
+        assert list(res) == list(configs) and all(r["same_tokens"] for r in res.values()), res
+        assert res["plain"]["tokens_per_target_forward"] == 1.0 and res["plain"]["speedup"] == 1.0
+        assert res["tree"]["tokens_per_target_forward"] > 2.5 and len(res["tree"]["round_tokens_per_s"]) == 2

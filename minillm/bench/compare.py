@@ -81,7 +81,8 @@ prompts arrive), compare
         --enable-chunked-prefill --max-num-batched-tokens 256
 
 Speculative decoding (paged engine only, chapter 5): ``--speculative ngram`` (prompt
-lookup) or ``--speculative model`` (a self-draft of ``--draft-layers``), k =
+lookup), ``--speculative model`` (a self-draft of ``--draft-layers``) or ``--speculative
+medusa`` (Medusa heads, a chain or with ``--medusa-tree`` a candidate tree), k =
 ``--num-speculative-tokens``; the result adds acceptance_rate, mean_accepted_tokens,
 tokens_per_target_forward, target_forwards, draft_forwards. Run the same command without
 ``--speculative`` for the baseline, on ``grounded`` (answers that copy the prompt) or ``open``:
@@ -492,9 +493,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="attention of the minillm engines (default: triton on CUDA; on the CPU cpu, or torch "
                          "where no C++ compiler is installed)")
     s = p.add_argument_group("speculative decoding (paged engine)")
-    s.add_argument("--speculative", choices=["ngram", "model"], default=None,
-                   help="drafter: prompt lookup, or a self-draft made of --draft-layers of the model")
-    s.add_argument("--num-speculative-tokens", type=int, default=4, help="k, tokens drafted per step (default 4)")
+    s.add_argument("--speculative", choices=["ngram", "model", "medusa"], default=None,
+                   help="drafter: prompt lookup, a self-draft made of --draft-layers of the model, or Medusa heads")
+    s.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help="k, tokens drafted per step (default 4; with --medusa-tree the tree's nodes)")
+    s.add_argument("--medusa-heads", default=None, help="Medusa heads file (default: the shipped one)")
+    s.add_argument("--medusa-tree", action="store_true",
+                   help="Medusa drafts a candidate tree (spec_decode/tree.py MEDUSA_TREE) instead of a chain")
+    s.add_argument("--acceptance", choices=["exact", "typical"], default="exact",
+                   help="Medusa's acceptance rule (default exact; typical: Medusa-2's, not exact when sampling)")
     s.add_argument("--draft-layers", default="0-7", help="layers of the model drafter (default 0-7)")
     s.add_argument("--draft-quantization", choices=["int8", "q4"], default=None,
                    help="the model drafter alone with quantized weights (CPU, float32)")
@@ -544,8 +551,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 speculative["draft_layers"] = parse_layers(args.draft_layers)
                 if args.draft_quantization:
                     speculative["quantization"] = args.draft_quantization
+            if args.speculative == "medusa":
+                from minillm.spec_decode.tree import MEDUSA_TREE
+
+                speculative.update(heads=args.medusa_heads, acceptance=args.acceptance,
+                                   tree=MEDUSA_TREE if args.medusa_tree else None)
         if args.draft_quantization and args.speculative != "model":
             raise ValueError("--draft-quantization quantizes the model drafter: it needs --speculative model")
+        if (args.medusa_heads or args.medusa_tree or args.acceptance != "exact") and args.speculative != "medusa":
+            raise ValueError("--medusa-heads, --medusa-tree and --acceptance are Medusa's: they need --speculative medusa")
         check_speculative(engines, speculative)
         check_paged_only(engines, "--enable-prefix-caching", args.enable_prefix_caching)
         check_paged_only(engines, "--scheduling-policy priority", args.scheduling_policy != "fcfs")

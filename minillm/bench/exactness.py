@@ -443,10 +443,13 @@ def sample_tree_coupled(target: ToyModel, ranking: Ranking, tree: TreeSpec, n: i
     depths land at. With ``rule="exact"`` row r equals ``sample_plain_at``'s row r.
     """
     out, emitted, num_rounds = [], 0, 0
+    rounds: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}  # context -> (node tokens, target at nodes)
     for r in range(n):
         seq = tuple(context)
         while len(seq) - len(context) < m:
-            tokens, _, p = _tree_round(target, ranking, tree, seq)
+            if seq not in rounds:
+                rounds[seq] = _tree_round(target, ranking, tree, seq)[::2]
+            tokens, p = rounds[seq]
             noise = position_noise(seed + r, range(len(seq), len(seq) + tree.depth + 1), p.shape[1]).double()
             _, new = walk_tree(tree, tokens, p, noise, rule, **rule_args)
             seq += tuple(new)

@@ -23,6 +23,9 @@ class ScheduledRequest:
     max_drafts: int = 0  # lookahead the scheduler reserved KV space for (speculative decoding)
     spec_token_ids: list[int] = field(default_factory=list)  # drafts, fed after the known tokens
     draft_probs: Any = None  # [len(spec_token_ids), V]: the q each draft was sampled from (None: one-hot)
+    # The drafts as the nodes of a candidate tree (spec_decode/tree.py TreeSpec, its nodes 1..N in
+    # spec_token_ids' order), or None for a chain: node n sits at position root + depth, not root + n
+    spec_tree: Any = None
 
     @property
     def num_new_tokens(self) -> int:

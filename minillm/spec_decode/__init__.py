@@ -6,7 +6,9 @@
 - ``speculator``: the engine's side -- propose drafts in the lookahead the scheduler
   reserved, verify them after the one forward -- and the counters (``SpecStats``);
 - ``medusa``: Medusa heads, the target's own drafters on its last hidden state (trained
-  by ``minillm.bench.train_medusa``); the engine's chain drafter is ``drafters.MedusaDrafter``;
+  by ``minillm.bench.train_medusa``); the engine's drafter is ``drafters.MedusaDrafter``;
+- ``tree``: candidate trees -- their shape, attention mask and positions, and the rules
+  that verify them (exact multi-candidate rejection sampling, Medusa-2's typical acceptance);
 - ``policy``: the speculation policy -- adaptive k, the off switch under load, the
   speedup model (plain Python: the scheduler reads it).
 

@@ -193,12 +193,17 @@ class ModelDrafter:
 class MedusaDrafter:
     """A chain of Medusa drafts: for a request whose last token t was sampled from the
     target's hidden state h (the state at the position before t), head k's argmax on h
-    is the token k + 1 after t. q is one-hot (deterministic)."""
+    is the token k + 1 after t. q is one-hot (deterministic).
+
+    With a ``tree`` (``spec_decode/tree.py`` TreeSpec) the drafts are the tree's nodes
+    instead, node n taking rank ranks[n] of head depths[n] - 1's ranking; a request with
+    room for fewer drafts gets the tree's first nodes (``TreeSpec.prefix``)."""
 
     deterministic = True
 
-    def __init__(self, heads: Any):
+    def __init__(self, heads: Any, tree: Any = None):
         self.heads = heads
+        self.tree = tree
         self.hidden: dict[Request, torch.Tensor] = {}  # request -> the hidden state its last token came from
         self.num_forwards = 0  # calls of the heads (one per step that drafts)
 
@@ -218,7 +223,14 @@ class MedusaDrafter:
         if live:
             k_max = max(limits[j] for j in live)
             states = torch.stack([self.hidden[requests[j]] for j in live])  # [N, hidden]
-            tokens = self.heads(states, heads=range(k_max)).argmax(dim=-1).T.tolist()  # [N, k_max]
+            if self.tree is None:
+                tokens = self.heads(states, heads=range(k_max)).argmax(dim=-1).T.tolist()  # [N, k_max]
+            else:
+                t = self.tree.prefix(min(k_max, self.tree.num_nodes - 1))
+                ranking = self.heads(states, heads=range(t.depth)).topk(t.width, dim=-1).indices  # [depth, N, W]
+                heads_of = torch.tensor([d - 1 for d in t.depths[1:]], device=ranking.device)
+                ranks = torch.tensor(t.ranks[1:], device=ranking.device)
+                tokens = ranking[heads_of, :, ranks].T.tolist()  # [N, nodes]: node n's token for every request
             for n, j in enumerate(live):
                 drafts[j] = tokens[n][:limits[j]]
             self.num_forwards += 1
@@ -253,7 +265,11 @@ def medusa_heads(spec: SpeculativeConfig, target: nn.Module, device: torch.devic
             raise ValueError(f"no Medusa heads file at {path}: train them with `python -m minillm.bench.train_medusa` "
                              f"(it writes {SHIPPED}), or pass speculative={{'method': 'medusa', 'heads': PATH}}")
         heads = MedusaHeads.load(path, embedding)
-    if spec.num_speculative_tokens > heads.num_heads:
+    if spec.tree is not None:
+        if spec.tree.depth > heads.num_heads:
+            raise ValueError(f"the tree is {spec.tree.depth} deep but the Medusa heads are {heads.num_heads}: "
+                             f"depth d reads head d - 1, so choices of at most {heads.num_heads} ranks")
+    elif spec.num_speculative_tokens > heads.num_heads:
         raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens} but the Medusa heads are "
                          f"{heads.num_heads}: one draft per head, so at most {heads.num_heads}")
     return heads.to(device=device, dtype=dtype)
@@ -272,7 +288,12 @@ def build_drafter(spec: SpeculativeConfig, target: nn.Module, num_blocks: int, b
     if spec.method == "ngram":
         return NgramDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max)
     if spec.method == "medusa":
-        return MedusaDrafter(medusa_heads(spec, target, device, dtype))
+        tree = spec.tree
+        if tree is None and spec.acceptance == "typical":  # typical acceptance walks trees: the chain as one
+            from .tree import chain
+
+            tree = chain(spec.num_speculative_tokens)
+        return MedusaDrafter(medusa_heads(spec, target, device, dtype), tree)
     if spec.draft_layers is not None:
         draft = layer_subset_model(target, spec.draft_layers)
     elif isinstance(spec.model, nn.Module):

@@ -44,6 +44,7 @@ from ..scheduler.output import SchedulerOutput
 from . import policy
 from .. import seams
 from .rejection_sampler import coupled_verify, per_row_verifier, target_probs_from_logits
+from .tree import walk_tree
 
 # (draft_token_ids [G, s], target_probs [G, s+1, V], noise [G, s+1, V]) -> (tokens [G, s+1], num [G])
 Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -108,6 +109,11 @@ class Speculator:
         self.stats = SpecStats()
         self.verifier: Verifier = coupled_verify  # the exactness test swaps in a wrong one
         self.requests: dict[Request, deque] = {}  # recent (drafts, accepted) per request, for adaptive k
+        # K/V to move after a candidate tree's verification: (request, from position, to position).
+        # The accepted path's nodes were written in node order; the engine moves them to where the
+        # path's tokens now sit (``take_kv_moves``, ``ModelRunner.move_kv``) before the blocks past
+        # them are given back.
+        self.kv_moves: list[tuple[Request, int, int]] = []
 
     def reset_stats(self) -> None:
         """Start the counters afresh (e.g. after a warm-up run)."""
@@ -122,10 +128,13 @@ class Speculator:
         before = self.drafter.num_forwards
         drafts, probs = self.drafter.propose([row.request for row in rows], [row.max_drafts for row in rows])
         self.stats.draft_forwards += self.drafter.num_forwards - before
+        tree = getattr(self.drafter, "tree", None)  # a candidate tree: the drafts are its first nodes
         for j, (row, d) in enumerate(zip(rows, drafts)):
             row.spec_token_ids = list(d)
             if probs is not None and d:
                 row.draft_probs = probs[j]
+            if tree is not None and d:
+                row.spec_tree = tree.prefix(len(d))
         return sum(len(d) for d in drafts)
 
     # -- 4. verify ---------------------------------------------------------------------
@@ -147,8 +156,12 @@ class Speculator:
         verifier = self.verifier if rule is None else per_row_verifier(rule)
         groups: dict[int, list[tuple[int, int, int | None]]] = defaultdict(list)  # s -> [(row, logits row, token)]
         starts_t = model_out.token_starts or [None] * len(model_out.rows)
+        trees: list[tuple[int, int]] = []  # (row, logits row) of the rows that verify a candidate tree
         for i, offset, t0 in zip(model_out.rows, model_out.offsets, starts_t):
-            groups[len(out.rows[i].spec_token_ids)].append((i, offset, t0))
+            if out.rows[i].spec_tree is not None:
+                trees.append((i, offset))
+            else:
+                groups[len(out.rows[i].spec_token_ids)].append((i, offset, t0))
         results: list[torch.Tensor] = []  # per group, flattened: tokens [G, s+1] then num [G]
         for s, members in groups.items():
             reqs = [out.rows[i].request for i, _, _ in members]
@@ -177,14 +190,45 @@ class Speculator:
             at += G * (s + 2)
             for j, ((i, _, _), n) in enumerate(zip(members, num)):
                 emitted[i] = toks[j * (s + 1):j * (s + 1) + n]
-        self._count(out, emitted)
+        last_node = {i: len(toks) - 1 for i, toks in emitted.items()}  # a chain's accepted drafts, then its token
+        checked = {}
+        for i, offset in trees:
+            emitted[i], path = self._verify_tree(out.rows[i], logits[offset:offset + out.rows[i].num_logits],
+                                                 model_out.sampling_table, offset)
+            last_node[i] = path[-1]
+            checked[i] = len(path) - 1 + bool(out.rows[i].spec_tree.children(path[-1]))  # and the miss, if any
+        self._count(out, emitted, checked)
         observe = getattr(self.drafter, "observe", None)
-        if observe is not None:  # Medusa: each request's last token came from logits row offset + n - 1
+        if observe is not None:  # Medusa: each request's last token came from the logits row of its last node
             rows = {i: o for i, o in zip(model_out.rows, model_out.offsets)}
             done = [i for i in emitted if emitted[i]]
-            observe([out.rows[i].request for i in done], [rows[i] + len(emitted[i]) - 1 for i in done],
-                    model_out.hidden)
+            observe([out.rows[i].request for i in done], [rows[i] + last_node[i] for i in done], model_out.hidden)
         return emitted
+
+    def _verify_tree(self, row, logits: torch.Tensor, table: torch.Tensor | None,
+                     offset: int) -> tuple[list[int], list[int]]:
+        """One row's candidate tree: its emitted tokens and accepted nodes (``tree.walk_tree``).
+
+        The accepted nodes' K/V were written in node order (node n at the root's position + n);
+        each accepted node at depth d is queued to move to the root's position + d.
+        """
+        r, tree = row.request, row.spec_tree
+        table = None if table is None else table[offset:offset + tree.num_nodes]
+        p = target_probs_from_logits(logits[None], [r.sampling_params], table)[0]  # [N+1, V]
+        noise = noise_for_rows([r.sampling_params], [r.seed], [r.num_tokens], tree.depth + 1, p.shape[-1],
+                               [r.generator], p.device)[0]  # [depth+1, V]: the positions the depths land at
+        tokens = torch.tensor([r.all_token_ids[r.num_computed_tokens + row.num_known_tokens - 1]]
+                              + row.spec_token_ids, dtype=torch.long, device=p.device)
+        path, emitted = walk_tree(tree, tokens, p, noise, self.config.acceptance,
+                                  self.config.typical_epsilon, self.config.typical_delta)
+        root = r.num_computed_tokens + row.num_known_tokens - 1
+        self.kv_moves.extend((r, root + n, root + d) for d, n in enumerate(path) if n != d)
+        return emitted, path
+
+    def take_kv_moves(self) -> list[tuple[Request, int, int]]:
+        """The K/V moves the last verification queued (and forget them)."""
+        moves, self.kv_moves = self.kv_moves, []
+        return moves
 
     @staticmethod
     def _drafts(out: SchedulerOutput, model_out: ModelOutput, members, s: int, device) -> torch.Tensor:
@@ -194,7 +238,7 @@ class Speculator:
             return torch.stack([model_out.input_ids[t0 + 1:t0 + 1 + s] for _, _, t0 in members])
         return torch.tensor([out.rows[i].spec_token_ids for i, _, _ in members], device=device)
 
-    def _count(self, out: SchedulerOutput, emitted: dict[int, list[int]]) -> None:
+    def _count(self, out: SchedulerOutput, emitted: dict[int, list[int]], checked: dict[int, int]) -> None:
         st = self.stats
         for i, toks in emitted.items():
             row = out.rows[i]
@@ -207,7 +251,8 @@ class Speculator:
                 st.verify_rows += 1
                 st.num_drafts += s
                 st.num_accepted += len(toks) - 1
-                st.num_checked += min(len(toks), s)  # accepted drafts, and the rejected one if the walk stopped early
+                # accepted drafts, and the rejected one if the walk stopped early (a tree: its node without a match)
+                st.num_checked += checked[i] if i in checked else min(len(toks), s)
                 history = self.requests.setdefault(row.request, deque(maxlen=policy.HISTORY))
                 history.append((s, len(toks) - 1))
                 if self.config.adaptive:

@@ -6,14 +6,11 @@ try head 0's top-3, and under each of them head 1's top-2, and so on, in the sam
 (Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with Multiple
 Decoding Heads"; Miao et al. 2024, "SpecInfer").
 
-The tree is static, written as Medusa writes it: a list of ``choices``, one tuple per
-node, each entry an index into one head's ranking. ``(0,)`` is head 0's top-1, ``(2,)``
-its top-3, ``(0, 1)`` head 0's top-1 followed by head 1's top-2. Every prefix of a node
-is a node. ``build_tree`` numbers the nodes: node 0 is the **root**, the request's last
-known token (its token is known, the target's distribution after it is not); nodes
-1..N follow by depth, then by choice, so a parent always comes before its children.
+The tree's shape -- ``TreeSpec``, ``build_tree``, ``chain``, in Medusa's ``choices`` notation
+(``(0, 1)``: head 0's top-1, then head 1's top-2) -- is plain Python in ``minillm.candidate_tree``
+(the configuration checks trees with it), re-exported here. Node 0 is the **root**, the
+request's last known token; nodes 1..N follow, parents before children.
 
-- ``TreeSpec`` / ``build_tree`` / ``chain``: the static shape (parents, depths, ranks);
 - ``candidate_tokens``: the tokens of the nodes, from the heads' rankings;
 - ``tree_attention_mask``: node i attends to node j iff j is i or one of i's ancestors
   (on top of the whole context before the root); ``tree_positions``: a node's position is
@@ -34,86 +31,15 @@ known token (its token is known, the target's distribution after it is not); nod
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
+from minillm.candidate_tree import MAX_TREE_NODES, MEDUSA_TREE, TreeSpec, build_tree, chain  # noqa: F401 (the shape)
+from minillm import seams
 from minillm.sampling import exponential_race
 
 TreeRule = Callable[["TreeSpec", torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass(frozen=True)
-class TreeSpec:
-    """A static candidate tree of N + 1 nodes (node 0 the root), parents before children.
-
-    choices[n]: node n's path of ranks (() for the root); parents[n]: its parent (-1 for
-    the root); depths[n] = len(choices[n]); ranks[n]: the last entry of choices[n], the
-    rank in head depths[n] - 1's ranking that gives node n its token (-1 for the root).
-    """
-
-    choices: tuple[tuple[int, ...], ...]
-    parents: tuple[int, ...]
-    depths: tuple[int, ...]
-    ranks: tuple[int, ...]
-
-    @property
-    def num_nodes(self) -> int:
-        """N + 1, the root included: the query rows one verification of this tree costs."""
-        return len(self.choices)
-
-    @property
-    def depth(self) -> int:
-        """The deepest node's depth: the most drafts one walk can accept (and heads it needs)."""
-        return max(self.depths)
-
-    @property
-    def width(self) -> int:
-        """1 + the largest rank used: how many candidates each head must rank."""
-        return 1 + max(self.ranks)
-
-    def children(self, node: int) -> list[int]:
-        """Node's children, in node order (best rank first)."""
-        return [c for c, p in enumerate(self.parents) if p == node]
-
-
-def build_tree(choices: Sequence[Sequence[int]]) -> TreeSpec:
-    """The TreeSpec of Medusa-style ``choices`` (the root is implied; order does not matter).
-
-    Raises ValueError for an empty list, an empty or repeated choice, a negative rank, or
-    a choice whose prefix is missing (its parent would not exist).
-    """
-    paths = [tuple(c) for c in choices]
-    if not paths:
-        raise ValueError("a tree needs at least one choice, e.g. [(0,)] (a chain of one draft)")
-    seen: set[tuple[int, ...]] = set()
-    for path in paths:
-        if len(path) == 0:
-            raise ValueError("a choice must be non-empty: the root () is implied")
-        if any((not isinstance(r, int)) or isinstance(r, bool) or r < 0 for r in path):
-            raise ValueError(f"choice {path}: ranks must be integers >= 0")
-        if path in seen:
-            raise ValueError(f"choice {path} is given twice")
-        seen.add(path)
-    for path in paths:
-        if len(path) > 1 and path[:-1] not in seen:
-            raise ValueError(f"choice {path} has no parent: add {path[:-1]} to the choices")
-    ordered = [()] + sorted(paths, key=lambda c: (len(c), c))
-    index = {c: n for n, c in enumerate(ordered)}
-    return TreeSpec(
-        choices=tuple(ordered),
-        parents=tuple(-1 if not c else index[c[:-1]] for c in ordered),
-        depths=tuple(len(c) for c in ordered),
-        ranks=tuple(c[-1] if c else -1 for c in ordered),
-    )
-
-
-def chain(k: int) -> TreeSpec:
-    """The chain of k drafts as a tree: (0,), (0, 0), ... -- every head's top-1."""
-    if k < 1:
-        raise ValueError(f"a chain needs k >= 1 drafts, got {k}")
-    return build_tree([(0,) * d for d in range(1, k + 1)])
 
 
 def candidate_tokens(tree: TreeSpec, root_token: int, head_ranking: torch.Tensor) -> torch.Tensor:
@@ -142,12 +68,13 @@ def tree_attention_mask(parents: Sequence[int]) -> torch.Tensor:
     siblings' branches, as if that path had been run alone.
     """
     n = len(parents)
+    if n == 0 or parents[0] != -1 or any(not 0 <= parents[j] < j for j in range(1, n)):
+        raise ValueError(f"parents must be -1 for the root (node 0) and point to an earlier node for every "
+                         f"other node, got {list(parents)}")
     mask = torch.zeros(n, n, dtype=torch.bool)
     for i in range(n):
         j = i
         while j >= 0:
-            if j >= n or (parents[j] >= j and j != 0):
-                raise ValueError(f"parents must point to earlier nodes (node {j} has parent {parents[j]})")
             mask[i, j] = True
             j = parents[j]
     return mask
@@ -269,14 +196,62 @@ def walk_tree(tree: TreeSpec, tokens: torch.Tensor, target_probs: torch.Tensor, 
         raise ValueError(f"noise must be [depth + 1, V] = [{tree.depth + 1}, {target_probs.shape[1]}], "
                          f"got {tuple(noise.shape)}")
     p = target_probs.to(torch.promote_types(target_probs.dtype, torch.float64))
-    y = exponential_race(p, noise[list(tree.depths)].to(p.dtype))  # [N+1]: each node's own sample
     if rule == "exact":
-        path = accepted_path(tree, tokens, y)
+        mine = seams.plugged("multi_candidate_rule")  # a learner's rule, one node at a time (chapter 8)
+        if mine is not None:
+            return _walk_with_node_rule(mine, tree, tokens, p, noise)
+        mine = seams.plugged("longest_accepted_path")  # a learner's walk (chapter 8)
+        if mine is None:  # each node's sample only where the walk goes: at most depth + 1 of them
+            return _walk_exact(tree, tokens, p, noise)
+        y = exponential_race(p, noise[list(tree.depths)].to(p.dtype))  # [N+1]: each node's own sample
+        path = [int(n) for n in mine(list(tree.parents), tokens.tolist(), y.tolist())]
     elif rule == "typical":
         move, _ = typical_tree_rule(tree, tokens, p, epsilon, delta)
         path = [0]
         while nxt := [c for c in tree.children(path[-1]) if move[c] > 0]:
             path.append(nxt[0])
+        y = {path[-1]: exponential_race(p[path[-1]], noise[tree.depths[path[-1]]].to(p.dtype))}
     else:
         raise ValueError(f"rule must be 'exact' or 'typical', got {rule!r}")
     return path, [int(tokens[n]) for n in path[1:]] + [int(y[path[-1]])]
+
+
+def _walk_exact(tree: TreeSpec, tokens: torch.Tensor, p: torch.Tensor,
+                noise: torch.Tensor) -> tuple[list[int], list[int]]:
+    """``walk_tree``'s exact walk, sampling only the nodes it visits: ``accepted_path`` with
+    y_n = argmax(p_n / E_depth(n)) computed on arrival at node n."""
+    path, token_list = [0], tokens.tolist()
+    while True:
+        n = path[-1]
+        y = int(exponential_race(p[n], noise[tree.depths[n]].to(p.dtype)))
+        nxt = [c for c in tree.children(n) if token_list[c] == y]
+        if not nxt:
+            return path, [token_list[c] for c in path[1:]] + [y]
+        path.append(nxt[0])
+
+
+def _walk_with_node_rule(rule, tree: TreeSpec, tokens: torch.Tensor, p: torch.Tensor,
+                         noise: torch.Tensor) -> tuple[list[int], list[int]]:
+    """``walk_tree``'s exact walk with a per-node rule ``rule(p [V], child_tokens) -> (move [m],
+    residual [V])`` (chapter 8's ``multi_candidate_rule``): at node n of depth d, the token
+    y = argmax(c / E_d) of c = sum_j move_j one_hot(x_j) + (1 - sum_j move_j) residual decides
+    -- follow child j if y = x_j, else emit y. For the exact rule c is p_n itself, so the tokens
+    are plain sampling's; a wrong rule changes their distribution."""
+    path = [0]
+    while True:
+        n = path[-1]
+        kids = tree.children(n)
+        child_tokens = [int(tokens[c]) for c in kids]
+        move, residual = rule(p[n], child_tokens)
+        move = torch.as_tensor(move, dtype=p.dtype, device=p.device).reshape(-1)
+        residual = torch.as_tensor(residual, dtype=p.dtype, device=p.device)
+        if move.shape != (len(kids),) or residual.shape != p[n].shape:
+            raise ValueError(f"multi_candidate_rule must return (move [{len(kids)}], residual [{p.shape[1]}]), got "
+                             f"shapes {tuple(move.shape)} and {tuple(residual.shape)}")
+        combined = (1 - move.sum()).clamp(min=0) * residual
+        if kids:
+            combined[child_tokens] += move
+        y = int(exponential_race(combined, noise[tree.depths[n]].to(p.dtype)))
+        if y not in child_tokens:
+            return path, [int(tokens[c]) for c in path[1:]] + [y]
+        path.append(kids[child_tokens.index(y)])
