@@ -238,7 +238,10 @@ class Speculator:
             return torch.stack([model_out.input_ids[t0 + 1:t0 + 1 + s] for _, _, t0 in members])
         return torch.tensor([out.rows[i].spec_token_ids for i, _, _ in members], device=device)
 
-    def _count(self, out: SchedulerOutput, emitted: dict[int, list[int]], checked: dict[int, int]) -> None:
+    def _count(self, out: SchedulerOutput, emitted: dict[int, list[int]],
+               checked: dict[int, int] | None = None) -> None:
+        """The counters of one verification; ``checked``: the drafts a tree's walk judged, per row."""
+        checked = checked or {}
         st = self.stats
         for i, toks in emitted.items():
             row = out.rows[i]
