@@ -9,7 +9,8 @@ Each piece is a chapter's mechanism plugged into the engine through its seam
 chapter on SmolLM2-135M twice, once with the library's code and once with yours, and
 checks:
 
-* **tokens**: every request's greedy output is token-for-token the library's;
+* **tokens**: every request's greedy output is token-for-token the library's (seeded
+  sampling, for the rule of chapter 8's tree walk);
 * **schedule**: every step fed the same requests the same number of tokens and held the
   same KV memory (for the pieces whose policy is deterministic: all of them here);
 * **blocks**: after the run every KV block is free again (no leak, no double free).
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from minillm import seams
+from minillm.candidate_tree import MEDUSA_TREE
 from minillm.course.grading import IMPLS, is_stub
 from minillm.course.one_engine import first_step_difference, first_token_difference
 
@@ -46,7 +48,10 @@ class Piece:
     requests: int | None = None  # the first this many of the workload's requests (None: all)
     max_tokens: int | None = None  # at most this many output tokens a request (None: the workload's)
     interpreted: bool = False  # a Triton kernel on the CPU engine: runs only in Triton's interpreter
+    temperature: float = 0.0  # 0: greedy; else sampled at this temperature, each request with its own seed
 
+
+MEDUSA_TREE_SPEC = dict(method="medusa", tree=MEDUSA_TREE, disable_by_batch_size=None)  # the shipped heads
 
 PIECES: list[Piece] = [
     Piece("decode loop", "ch00_the_model", ("greedy_generate",)),
@@ -83,6 +88,14 @@ PIECES: list[Piece] = [
     # engine (minillm/course/one_engine.py) on modelled time; the rest of it is the library's.
     Piece("arrivals, goodput, token budget", "ch07_serving_online",
           ("poisson_arrivals", "goodput", "next_token_budget")),
+    # The shipped Medusa heads (spec_decode/medusa_smollm2.safetensors) draft a 16-node tree at
+    # every step. With the rule plugged the walk asks it at every node and takes no path from
+    # longest_accepted_path, so the two are rows of their own; the rule's row samples (with a
+    # seed a request), where only an exact rule gives the library's tokens.
+    Piece("tree mask and accepted path", "ch08_model_drafts_itself", ("tree_attention_mask", "longest_accepted_path"),
+          dict(engine="paged", max_num_seqs=4, block_size=8, speculative=MEDUSA_TREE_SPEC)),
+    Piece("multi-candidate rule", "ch08_model_drafts_itself", ("multi_candidate_rule",),
+          dict(engine="paged", max_num_seqs=4, block_size=8, speculative=MEDUSA_TREE_SPEC), temperature=0.8),
     # The host tier copies every freed prefix block at the next step (idle_s 0: whatever the
     # clock says), so the copies of each step are part of the schedule compared.
     Piece("host KV tier", "ch09_operating_slos", ("blocks_to_offload",),
@@ -181,11 +194,12 @@ def _schedule(engine) -> list[tuple]:
 
 
 def _run_engine(lab, options: dict, prompts: list[list[int]], classes: Sequence[str] | None = None,
-                max_tokens: int | None = None):
+                max_tokens: int | None = None, temperature: float = 0.0):
     from minillm.sampling_params import SamplingParams
 
     eng = lab.engine(**options)
-    reqs = [eng.make_request(p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
+    reqs = [eng.make_request(p, SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True,
+                                               seed=i if temperature > 0 else None,
                                                priority=classes[i % len(classes)] if classes else "standard"))
             for i, (p, n) in enumerate(zip(prompts, [min(n, max_tokens or n) for n in OUTPUT_LENS]))]
     t0 = time.perf_counter()
@@ -391,10 +405,12 @@ def run_piece(lab, piece: Piece, impl: str, prompts: list[list[int]],
         plug = {k: v for k, v in fns.items() if k in seams.SEAMS}
         lib_t, own_t = [], []
         for _ in range(repeats):
-            ref_tokens, ref_sched, _, t = _run_engine(lab, piece.engine, work, classes, piece.max_tokens)
+            ref_tokens, ref_sched, _, t = _run_engine(lab, piece.engine, work, classes, piece.max_tokens,
+                                                      piece.temperature)
             lib_t.append(t)
             with seams.plug(**plug):
-                tokens, sched, free, t = _run_engine(lab, piece.engine, work, classes, piece.max_tokens)
+                tokens, sched, free, t = _run_engine(lab, piece.engine, work, classes, piece.max_tokens,
+                                                     piece.temperature)
             own_t.append(t)
     except _Missing as e:
         return PieceResult(piece, "missing", missing=[str(e)])

@@ -61,10 +61,12 @@ SERVER_MAX_TOKENS = 12
 
 # The seams this engine exercises; static_schedule and schedule_step belong to the other
 # engines, chapter 9's to a host KV tier and to the SLO controller and A/B table (this
-# engine's budget is chapter 7's controller), chapter 10's to an engine split over processes,
+# engine's budget is chapter 7's controller), chapter 8's to an engine whose Medusa heads draft
+# a candidate tree (this one drafts with n-grams), chapter 10's to an engine split over processes,
 # chapter 11's to a quantized engine whose learner's paths are slow (a dequantized weight per
 # call, a kernel in Triton's interpreter): their own rows of the capstone.
 OTHER_ENGINES = ("static_schedule", "schedule_step", "blocks_to_offload", "slo_decision", "bootstrap_ci",
+                 "tree_attention_mask", "longest_accepted_path", "multi_candidate_rule",
                  "shard_linear", "parallel_mlp", "allreduce_bytes_per_step",
                  "quantize_groups", "dequantize_groups", "int8_gemv_triton")
 

@@ -196,6 +196,27 @@ QUIZZES: dict[str, list[Question]] = {
             "the running decodes wait less between their tokens",
             "it keeps the budget: a p95 over the target is normal under load")),
     ],
+    "ch08": [
+        _q("q1", """A step verifies a Medusa tree of 16 choices (``MEDUSA_TREE``) for each of 4 requests, in one
+            forward. How many query rows does that forward hold for them, each tree's root (the request's last
+            known token) included?""", "72988b02e246f0383f8b", decimals=0),
+        _q("q2", """After a node of the tree the target gives token a probability 0.40, b 0.25, c 0.20 and d
+            0.15. The node's children hold c and a, tried in that order. With the exact rule (multi-candidate
+            rejection sampling), what is the probability that the walk moves into the child that holds a?
+            (2 decimals)""", "700ea2e9baf16a4190be", decimals=2),
+        _q("q3", """Medusa-2's typical acceptance accepts more candidates than the exact rule. Why are the tokens
+            it samples not distributed as the target's?""", "d97e933837687fe555d2",
+           ("it compares the candidates with the heads' probabilities instead of the target's",
+            "a candidate that clears its threshold is taken with probability 1 where the target would emit it "
+            "with probability p(x) < 1, and where the walk stops it samples p with the rejected candidates "
+            "still in it",
+            "its threshold depends on the entropy, which the engine computes in low precision",
+            "it is exact too: only greedy decoding differs")),
+        _q("q4", """A tree of three choices, (0,), (1,) and (0, 0). At the root, head 0's top-1 is the target's
+            next token with probability 0.45 and its second-ranked token with probability 0.25; at node (0,),
+            head 1's top-1 is the target's next token with probability 0.6. With the exact rule, how many tokens
+            does one verification emit on average? (2 decimals)""", "721ce3fe61717ee0efc0", decimals=2),
+    ],
     "ch09": [
         _q("q1", """SmolLM2-135M has 30 layers, 3 KV heads and head_dim 64. The host tier copies whole KV blocks
             of 16 tokens, keys and values of every layer, in float32. How many bytes does offloading one block
