@@ -80,7 +80,7 @@ def compare_drafters(prompts: list[list[int]], configs: dict[str, dict | None], 
     for engine in engines.values():  # warm-up: first-use costs out of the timed runs
         engine.run([engine.make_request(list(prompts[0][:16]), SamplingParams(temperature=0, max_tokens=4))])
     names = list(engines)
-    results: dict[str, dict[str, Any]] = {n: {"round_tokens_per_s": [], "forwards": 0, "tokens": 0} for n in names}
+    results: dict[str, dict[str, Any]] = {n: {"round_tokens_per_s": []} for n in names}
     outputs: dict[str, list[list[int]]] = {}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
@@ -110,7 +110,6 @@ def compare_drafters(prompts: list[list[int]], configs: dict[str, dict | None], 
         res.setdefault("acceptance_rate", None)
         res["same_tokens"] = outputs[name] == outputs["plain"]
         res["speedup"] = res["tokens_per_s"] / results["plain"]["tokens_per_s"]
-        del res["forwards"], res["tokens"]
     return results
 
 
