@@ -2,8 +2,8 @@
 
 A decode step reads every weight once, and at small batch that read is the step's floor
 (chapter 0): SmolLM2-135M's 135 M weights are 538 MB in float32. Storing them in fewer
-bits lowers the floor in proportion; the activations stay float32, so only the weights'
-rounding can change the numbers.
+bits lowers the floor in proportion; the activations stay float32 (or bfloat16, in a bfloat16
+engine), so only the weights' rounding can change the numbers.
 
 Formats of one layer (``QuantizedLinear``), all for a weight [N, K]:
 
@@ -32,13 +32,18 @@ grid over the same range), symmetric 8-bit groups for the head. One scale per ro
 (``int8_channel``) does not contain them and rounds every weight again:
 ``python -m minillm.bench.quant_measure`` measures what that costs.
 
-``QuantizedLinear`` runs the CPU kernels of ``kernels/cpu/quant_matmul.cpp`` (float32
-activations); their oracles are in ``kernels/cpu/quant.py``. Each output element is summed in
-an order that does not depend on the other rows of the batch, so a request's tokens do not
-depend on what it is batched with (tests/test_quantization.py). On CUDA it runs the Triton
-kernels of ``kernels/quant_gemv.py`` (activations in float32, float16 or bfloat16), checked
-against their oracle in Triton's interpreter and compiled ahead of time, not yet run on a GPU
-(nor checked there for batch invariance: their tile shape follows the batch size).
+``QuantizedLinear`` runs the CPU kernels of ``kernels/cpu/quant_matmul.cpp`` (float32 or
+bfloat16 activations, float32 arithmetic); their oracles are in ``kernels/cpu/quant.py``. A
+layer binds its weights to the kernel once (``quant.BoundLinear``: a call then checks only x),
+and where float16 holds every scale and minimum exactly -- the GGUF's own are float16, so for
+SmolLM2's file it does -- the kernel reads float16 copies of them: the same results bit for bit,
+from 5 bits a 4-bit weight instead of 6 (9 instead of 10 for 8-bit codes). ``nbytes`` counts
+what the layer stores (float32 scales), ``read_nbytes`` what its forward on the CPU streams.
+Each output element is summed in an order that does not depend on the other rows of the
+batch, so a request's tokens do not depend on what it is batched with
+(tests/test_quantization.py). On CUDA it runs the Triton kernels of ``kernels/quant_gemv.py``
+(activations in float32, float16 or bfloat16, float32 scales), checked against their oracle in
+Triton's interpreter, compiled ahead of time, and run on a GPU by the ``gpu`` tests.
 """
 from __future__ import annotations
 
@@ -48,9 +53,10 @@ from torch import nn
 
 from . import seams
 from .config import QUANTIZATIONS as SCHEMES
-from .kernels.cpu.quant import q4_pack, q4_unpack
+from .kernels.cpu.quant import BoundLinear, half_holds, q4_pack, q4_unpack
 
 GROUP_SIZE = 32
+CPU_ACTIVATIONS = (torch.float32, torch.bfloat16)  # what the CPU kernels take (and give back)
 FORMATS = ("int8_channel", "int8_group", "q4_group")
 LAYER_FORMAT = {"int8": "int8_group", "q4": "q4_group"}  # a scheme's projections; its head: symmetric int8_group
 
@@ -145,8 +151,9 @@ class QuantizedLinear(nn.Module):
     """A bias-free linear layer holding its weight in ``fmt`` (one of ``FORMATS``): y = x @ w.T
     with w the dequantized weight, computed by a CPU kernel that never writes w out.
 
-    Activations [..., K]: float32 on the CPU (a C++ kernel), float32 / float16 / bfloat16 on
-    CUDA (a Triton kernel, ``forward_triton``); the result [..., N] is in their dtype.
+    Activations [..., K]: float32 or bfloat16 on the CPU (a C++ kernel, float32 arithmetic),
+    float32 / float16 / bfloat16 on CUDA (a Triton kernel, ``forward_triton``); the result
+    [..., N] is in their dtype.
     ``dense()`` gives the dequantized weight back (what the oracle multiplies by).
     """
 
@@ -155,6 +162,7 @@ class QuantizedLinear(nn.Module):
         if fmt not in FORMATS:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
         self.fmt = fmt
+        self._bound: BoundLinear | None = None  # the CPU kernel with this layer's weights (``_cpu_matmul``)
         self.out_features, self.in_features = weight.shape
         self.group_size = None if fmt == "int8_channel" else group_size
         self.mins: torch.Tensor | None
@@ -183,15 +191,23 @@ class QuantizedLinear(nn.Module):
 
     @property
     def nbytes(self) -> int:
-        """Bytes a forward reads of this layer's weight: codes, scales and minimums."""
+        """Bytes of this layer's weight as it stores them: codes, float32 scales and minimums."""
         return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.mins) if t is not None)
 
+    @property
+    def read_nbytes(self) -> int:
+        """Bytes a forward on the CPU streams: ``nbytes``, but 2 bytes a scale and a minimum where
+        float16 holds every one of them exactly (the kernel then reads float16 copies)."""
+        if self.mins is None or not (half_holds(self.scales) and half_holds(self.mins)):
+            return self.nbytes
+        return self.qweight.numel() * self.qweight.element_size() + 2 * (self.scales.numel() + self.mins.numel())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cuda":
+        if x.is_cuda:
             return self.forward_triton(x)
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"quantized layers take float32 activations on the CPU (or float32/float16/bfloat16 "
-                             f"on CUDA), got {x.dtype} on {x.device}")
+        if x.dtype not in CPU_ACTIVATIONS or not x.is_cpu:
+            raise ValueError(f"quantized layers take float32 or bfloat16 activations on the CPU (or "
+                             f"float32/float16/bfloat16 on CUDA), got {x.dtype} on {x.device}")
         return self._rows(x, self._cpu_matmul)
 
     def forward_triton(self, x: torch.Tensor) -> torch.Tensor:
@@ -204,19 +220,21 @@ class QuantizedLinear(nn.Module):
     def _rows(self, x: torch.Tensor, matmul) -> torch.Tensor:
         """x [..., K] as contiguous rows [M, K]; y [M, N] by a learner's plugged function, else by
         ``matmul``; back to [..., N]."""
-        x2 = x.reshape(-1, self.in_features)
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"x must be [..., in_features] = [..., {self.in_features}], got {tuple(x.shape)}")
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
         y = self._learners_forward(x2) if self.fmt != "int8_channel" else None
-        return (matmul(x2) if y is None else y).view(*x.shape[:-1], self.out_features)
+        y = matmul(x2) if y is None else y
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def _cpu_matmul(self, x2: torch.Tensor) -> torch.Tensor:
-        from .kernels.cpu import quant
-
-        if self.fmt == "int8_channel":
-            return quant.int8_linear(x2, self.qweight, self.scales)
-        kernel = quant.u8_linear if self.fmt == "int8_group" else quant.q4_linear
-        return kernel(x2, self.qweight, self.scales, self.mins, self.group_size)
+        bound, buffers = self._bound, self._buffers  # (the buffers' dict: faster than nn.Module's attribute lookup)
+        if bound is None or not bound.holds(buffers["qweight"], buffers["scales"], buffers.get("mins")):
+            kernel = {"int8_channel": "int8", "int8_group": "u8", "q4_group": "q4"}[self.fmt]
+            bound = self._bound = BoundLinear(kernel, self.qweight, self.scales, self.mins, self.group_size)
+        return bound(x2)
 
     def _triton_matmul(self, x2: torch.Tensor) -> torch.Tensor:
         from .kernels.quant_gemv import q4_gemv, u8_gemv
@@ -228,17 +246,23 @@ class QuantizedLinear(nn.Module):
         """y [M, N] from a learner's plugged ``int8_gemv_triton`` (8-bit groups) or
         ``dequantize_groups`` (chapter 11); None when neither is plugged."""
         gemv = seams.plugged("int8_gemv_triton") if self.fmt == "int8_group" else None
-        if gemv is not None:
-            return gemv(x2, self.qweight, self.scales, self.mins, self.group_size)
+        if gemv is not None:  # float32 activations, as the exercise's kernel takes them
+            return gemv(x2.float(), self.qweight, self.scales, self.mins, self.group_size).to(x2.dtype)
         dequant = seams.plugged("dequantize_groups")
         if dequant is not None:
             codes = self.qweight if self.fmt == "int8_group" else q4_unpack(self.qweight)
-            return F.linear(x2, dequant(codes, self.scales, self.mins))
+            return F.linear(x2.float(), dequant(codes, self.scales, self.mins)).to(x2.dtype)
         return None
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
-        """The oracle: the dequantized weight, multiplied in float64 and rounded to float32."""
-        return F.linear(x.double(), self.dense().double()).float()
+        """The oracle: the dequantized weight, multiplied in float64 and rounded to float32 (then
+        to x's dtype, as the kernels round)."""
+        return F.linear(x.double(), self.dense().double()).float().to(x.dtype)
+
+    def __getstate__(self):  # a copy (deepcopy, pickle) binds its own weights on its first call
+        state = self.__dict__.copy()
+        state["_bound"] = None
+        return state
 
     def extra_repr(self) -> str:
         g = f", group_size={self.group_size}" if self.group_size else ""
@@ -289,18 +313,25 @@ def _float_weight(m: nn.Module) -> torch.Tensor:
     raise ValueError(f"quantize_model: a {type(m).__name__} is not a linear layer it can read")
 
 
-def weight_bytes_per_step(model: nn.Module) -> int:
+def weight_bytes_per_step(model: nn.Module, streamed: bool = False) -> int:
     """Bytes of weights one decode step reads: every projection, norm and the LM head (quantized
-    or not); the embedding rows a step looks up are left out (a few rows, not a matmul)."""
+    or not); the embedding rows a step looks up are left out (a few rows, not a matmul).
+
+    Quantized layers count as stored (``QuantizedLinear.nbytes``), or with ``streamed`` as the
+    CPU kernels read them (``read_nbytes``: float16 scales and minimums where those are exact).
+    """
+    def quantized(m: QuantizedLinear) -> int:
+        return m.read_nbytes if streamed else m.nbytes
+
     total = 0
     for layer in model.layers:
         for part, name in PROJECTIONS:
             m = getattr(getattr(layer, part), name)
-            total += m.nbytes if isinstance(m, QuantizedLinear) else m.weight.numel() * m.weight.element_size()
+            total += quantized(m) if isinstance(m, QuantizedLinear) else m.weight.numel() * m.weight.element_size()
         for norm in (layer.input_norm, layer.post_attn_norm):
             total += norm.weight.numel() * norm.weight.element_size()
     if model.quantized_head is not None:
-        total += model.quantized_head.nbytes
+        total += quantized(model.quantized_head)
     else:
         w = model.embed.weight if model.lm_head is None else model.lm_head.weight
         total += w.numel() * w.element_size()

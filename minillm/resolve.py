@@ -17,6 +17,7 @@ from .block_manager import num_blocks_from_budget
 from .compiled import check_compile
 from .config import EngineConfig, ModelConfig, ResolvedConfig
 from .model import can_pack_weights, packs_by_default
+from .quantization import CPU_ACTIVATIONS
 
 
 def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
@@ -53,9 +54,9 @@ def resolve(config: EngineConfig, model_config: ModelConfig) -> ResolvedConfig:
 
 
 def _check_quantization(config: EngineConfig, place: Any) -> None:
-    """Quantized weights run in the CPU kernels (kernels/cpu/quant_matmul.cpp) with float32
-    activations, or on CUDA in the Triton kernels (kernels/quant_gemv.py) with the engine's
-    dtype. A draft quantized alone runs on the CPU only."""
+    """Quantized weights run in the CPU kernels (kernels/cpu/quant_matmul.cpp) with float32 or
+    bfloat16 activations, or on CUDA in the Triton kernels (kernels/quant_gemv.py) with the
+    engine's dtype. A draft quantized alone runs on the CPU only."""
     spec = config.speculative
     for q, what in ((config.quantization, "quantization"),
                     (spec.quantization if spec is not None else None, "speculative quantization")):
@@ -73,9 +74,9 @@ def _check_quantization(config: EngineConfig, place: Any) -> None:
                              + (" (on CUDA, quantize the target with quantization=...; a self-draft shares its "
                                 "layers)" if place.device.type == "cuda" else "")
                              + f": pass device='cpu' or {what}=None")
-        if place.dtype != torch.float32:
-            raise ValueError(f"{what}={q!r} keeps the activations in float32; got dtype {place.dtype}: "
-                             f"pass dtype='float32' (or None)")
+        if place.dtype not in CPU_ACTIVATIONS:
+            raise ValueError(f"{what}={q!r} on the CPU takes float32 or bfloat16 activations; got dtype "
+                             f"{place.dtype}: pass dtype='float32' (or None) or 'bfloat16'")
         from .kernels.cpu import build
 
         try:

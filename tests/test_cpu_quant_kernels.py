@@ -9,6 +9,10 @@
 * 8-bit codes with a minimum hold GGUF's symmetric Q8_0 weights exactly;
 * a row's result does not depend on the other rows of the call (alone vs in a batch of 8 or
   33) nor on the thread count (1, 2, 3): bit for bit;
+* float16 scales and minimums give the float32 ones' results bit for bit where they hold the
+  same values (the GGUF's own are float16), and the oracle's where they do not;
+* bfloat16 activations give the float32 result for x widened, rounded once to bfloat16: bit for
+  bit, in every format, alone and in a batch (and within a bfloat16 rounding of the oracle);
 * bad arguments (dtype, device, contiguity, shapes, group size) are a ValueError that names
   what to change;
 * the generic builds (AVX2 only; no vector extension at all) compile and compute the same
@@ -229,12 +233,74 @@ def test_the_result_does_not_depend_on_the_thread_count(name, fn, args):
         assert torch.equal(r, results[0])
 
 
+@pytest.mark.parametrize("name,fn,args", list(_cases()), ids=lambda v: v if isinstance(v, str) else "")
+def test_bfloat16_activations_are_the_float32_result_rounded_once(name, fn, args):
+    x, *weights = args
+    xb = x.bfloat16()
+    got = fn(xb, *weights)
+    assert got.dtype == torch.bfloat16 and got.shape == (x.shape[0], weights[0].shape[0])
+    assert torch.equal(got, fn(xb.float(), *weights).bfloat16())
+    for m in (0, 7, 32):  # a row alone, and in place inside the batch, as in float32
+        assert torch.equal(fn(xb[m:m + 1].clone(), *weights)[0], got[m])
+        assert torch.equal(fn(xb[m:m + 1], *weights)[0], got[m])
+
+
+@pytest.mark.parametrize("kind", ["int8", "q4", "u8"])
+def test_bfloat16_activations_against_the_oracle(kind):
+    """Within a bfloat16 rounding of the oracle (which rounds its float64 sum to float32, then to
+    bfloat16): half a bfloat16 step of the result, plus the float32 bound."""
+    if kind == "int8":
+        x, *w = _int8_case(5, 97, 576, seed=11)
+        fn, ref, mag = int8_linear, int8_linear_ref, _int8_magnitude
+    else:
+        case, fn, ref, mag = ((_q4_case, q4_linear, q4_linear_ref, _q4_magnitude) if kind == "q4"
+                              else (_u8_case, u8_linear, u8_linear_ref, _u8_magnitude))
+        x, *w = case(5, 97, 576, 32, seed=12)
+        w.append(32)
+    xb = x.bfloat16()
+    got, want = fn(xb, *w), ref(xb, *w)
+    assert got.dtype == want.dtype == torch.bfloat16
+    bound = RTOL * mag(xb.float(), *w) + want.float().abs() * 2.0 ** -8 + 1e-30
+    assert ((got.float() - want.float()).abs() <= bound).all()
+    assert (got == want).float().mean() > 0.9  # one rounding apart at most, rarely that
+
+
+@pytest.mark.parametrize("kind", ["q4", "u8"])
+@pytest.mark.parametrize("M,N,K,G", [(1, 301, 576, 32), (3, 97, 1536, 64), (33, 13, 640, 128), (8, 7, 96, 32)])
+def test_float16_scales_give_the_same_results(kind, M, N, K, G):
+    case, fn, ref, mag = ((_q4_case, q4_linear, q4_linear_ref, _q4_magnitude) if kind == "q4"
+                          else (_u8_case, u8_linear, u8_linear_ref, _u8_magnitude))
+    x, qw, sc, mn = case(M, N, K, G, seed=K + G)
+    sc16, mn16 = sc.half(), mn.half()  # values float16 holds: float32 copies of them give the same numbers
+    got = fn(x, qw, sc16, mn16, G)
+    assert torch.equal(got, fn(x, qw, sc16.float(), mn16.float(), G))
+    _assert_within(got, ref(x, qw, sc16, mn16, G), mag(x, qw, sc16.float(), mn16.float(), G))
+    assert not torch.equal(got, fn(x, qw, sc, mn, G))  # sc, mn themselves are no float16 values
+    assert torch.equal(fn(x[-1:].clone(), qw, sc16, mn16, G)[0], got[-1])  # a row alone, as in float32
+    assert torch.equal(fn(x.bfloat16(), qw, sc16, mn16, G), fn(x.bfloat16().float(), qw, sc16, mn16, G).bfloat16())
+
+
+def test_a_bound_layer_reads_float16_scales_only_where_they_are_exact():
+    x, qw, sc, mn = _q4_case(3, 97, 576, 32, seed=9)
+    exact = quant.BoundLinear("q4", qw, sc.half().float(), mn.half().float(), 32)
+    assert exact.half_scales and torch.equal(exact(x), q4_linear(x, qw, sc.half(), mn.half(), 32))
+    inexact = quant.BoundLinear("q4", qw, sc, mn, 32)
+    assert not inexact.half_scales and torch.equal(inexact(x), q4_linear(x, qw, sc, mn, 32))
+    x8, q8, s8 = _int8_case(3, 97, 576, seed=9)
+    assert torch.equal(quant.BoundLinear("int8", q8, s8, None, None)(x8), int8_linear(x8, q8, s8))
+    with pytest.raises(ValueError, match=r"qweight must be \[N, K // 2\] = \[N, 272\]"):
+        exact(x[:, :544].contiguous())  # x checked at each call, with the wrapper's messages
+    with pytest.raises(ValueError, match="x must be torch.float32 or torch.bfloat16"):
+        exact(x.half())
+
+
 # ---------------------------------------------------------------- refusals
 
 def test_int8_linear_refuses_what_it_cannot_read():
     x, qw, s = _int8_case(2, 5, 64)
     cases = [
-        ((x.double(), qw, s), "x must be torch.float32"),
+        ((x.double(), qw, s), r"x must be torch.float32 or torch.bfloat16, got torch.float64"),
+        ((x.half(), qw, s), r"x must be torch.float32 or torch.bfloat16, got torch.float16"),
         ((x, qw.to(torch.uint8), s), "qweight must be torch.int8"),
         ((x, qw, s.double()), "scale must be torch.float32"),
         ((torch.randn(64, 2).T, qw, s), "x must be contiguous"),
@@ -257,10 +323,11 @@ def test_q4_linear_refuses_what_it_cannot_read():
         ((x, qw, sc, mn, 16), "group_size must be one of"),
         ((x, qw, sc, mn, 48), "group_size must be one of"),
         ((x[:, :96].contiguous(), qw, sc, mn, 64), "multiple of group_size"),
-        ((x.double(), qw, sc, mn, 32), "x must be torch.float32"),
+        ((x.double(), qw, sc, mn, 32), r"x must be torch.float32 or torch.bfloat16, got torch.float64"),
         ((x, qw.to(torch.int8), sc, mn, 32), "qweight must be torch.uint8"),
-        ((x, qw, sc.half(), mn, 32), "scales must be torch.float32"),
+        ((x, qw, sc.double(), mn, 32), "scales must be torch.float32 or torch.float16, got torch.float64"),
         ((x, qw, sc, mn.double(), 32), "mins must be torch.float32"),
+        ((x, qw, sc.half(), mn, 32), "mins must be torch.float16, got torch.float32"),  # the scales' dtype
         ((torch.randn(128, 2).T, qw, sc, mn, 32), "x must be contiguous"),
         ((x, torch.zeros(64, 5, dtype=torch.uint8).T, sc, mn, 32), "qweight must be contiguous"),
         ((x, qw, torch.rand(4, 5).T, mn, 32), "scales must be contiguous"),
@@ -281,10 +348,11 @@ def test_u8_linear_refuses_what_it_cannot_read():
         ((x, qw, sc, mn, 16), "group_size must be one of"),
         ((x, qw, sc, mn, 48), "group_size must be one of"),
         ((x[:, :96].contiguous(), qw, sc, mn, 64), "multiple of group_size"),
-        ((x.double(), qw, sc, mn, 32), "x must be torch.float32"),
+        ((x.double(), qw, sc, mn, 32), r"x must be torch.float32 or torch.bfloat16, got torch.float64"),
         ((x, qw.to(torch.int8), sc, mn, 32), "qweight must be torch.uint8"),
-        ((x, qw, sc.half(), mn, 32), "scales must be torch.float32"),
+        ((x, qw, sc.double(), mn, 32), "scales must be torch.float32 or torch.float16, got torch.float64"),
         ((x, qw, sc, mn.double(), 32), "mins must be torch.float32"),
+        ((x, qw, sc.half(), mn, 32), "mins must be torch.float16, got torch.float32"),  # the scales' dtype
         ((torch.randn(128, 2).T, qw, sc, mn, 32), "x must be contiguous"),
         ((x, torch.zeros(128, 5, dtype=torch.uint8).T, sc, mn, 32), "qweight must be contiguous"),
         ((x, qw, torch.rand(4, 5).T, mn, 32), "scales must be contiguous"),
@@ -346,21 +414,22 @@ def test_the_generic_builds_compute_the_same(variant, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     lib = ctypes.CDLL(str(out))
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    lib.minillm_int8_linear.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
-    lib.minillm_q4_linear.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i32, i32]
-    lib.minillm_u8_linear.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i32, i32]
+    lib.minillm_int8_linear.argtypes = [i32, ptr, ptr, ptr, ptr, i64, i64, i64, i32]
+    lib.minillm_q4_linear.argtypes = [i32, ptr, ptr, ptr, ptr, i32, ptr, i64, i64, i64, i32, i32]
+    lib.minillm_u8_linear.argtypes = [i32, ptr, ptr, ptr, ptr, i32, ptr, i64, i64, i64, i32, i32]
 
     def int8(x, qw, s):
-        y = torch.empty(x.shape[0], qw.shape[0])
-        assert lib.minillm_int8_linear(x.data_ptr(), qw.data_ptr(), s.data_ptr(), y.data_ptr(),
-                                       x.shape[0], qw.shape[0], x.shape[1], 2) == 0
+        y = x.new_empty(x.shape[0], qw.shape[0])
+        assert lib.minillm_int8_linear(build.DTYPE_CODES[x.dtype], x.data_ptr(), qw.data_ptr(), s.data_ptr(),
+                                       y.data_ptr(), x.shape[0], qw.shape[0], x.shape[1], 2) == 0
         return y
 
     def grouped(fn):
         def call(x, qw, sc, mn, G):
-            y = torch.empty(x.shape[0], qw.shape[0])
-            assert fn(x.data_ptr(), qw.data_ptr(), sc.data_ptr(), mn.data_ptr(), y.data_ptr(),
-                      x.shape[0], qw.shape[0], x.shape[1], G, 2) == 0
+            y = x.new_empty(x.shape[0], qw.shape[0])
+            assert fn(build.DTYPE_CODES[x.dtype], x.data_ptr(), qw.data_ptr(), sc.data_ptr(), mn.data_ptr(),
+                      {torch.float32: 0, torch.float16: 1}[sc.dtype], y.data_ptr(), x.shape[0], qw.shape[0],
+                      x.shape[1], G, 2) == 0
             return y
         return call
 
@@ -380,3 +449,13 @@ def test_the_generic_builds_compute_the_same(variant, tmp_path):
         y = u8(x, qw, sc, mn, G)
         _assert_within(y, u8_linear_ref(x, qw, sc, mn, G), _u8_magnitude(x, qw, sc, mn, G))
         assert torch.equal(u8(x[-1:].clone(), qw, sc, mn, G)[0], y[-1])
+        xb = x.bfloat16()  # bfloat16 activations: the float32 result for x widened, rounded once
+        assert torch.equal(u8(xb, qw, sc, mn, G), u8(xb.float(), qw, sc, mn, G).bfloat16())
+        sc16, mn16 = sc.half(), mn.half()  # float16 scales: the float32 copies' results
+        assert torch.equal(q4(x, quant.q4_pack(qw % 16), sc16, mn16, G),
+                           q4(x, quant.q4_pack(qw % 16), sc16.float(), mn16.float(), G))
+        assert torch.equal(u8(x, qw, sc16, mn16, G), u8(x, qw, sc16.float(), mn16.float(), G))
+    x, qw, s = _int8_case(3, 13, 1000, seed=5)
+    assert torch.equal(int8(x.bfloat16(), qw, s), int8(x.bfloat16().float(), qw, s).bfloat16())
+    x, qw, sc, mn = _q4_case(3, 13, 640, 128, seed=6)
+    assert torch.equal(q4(x.bfloat16(), qw, sc, mn, 128), q4(x.bfloat16().float(), qw, sc, mn, 128).bfloat16())

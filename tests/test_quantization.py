@@ -95,23 +95,47 @@ def test_layer_matches_its_oracle(fmt):
     assert y.shape == (2, 5, 96) and y.dtype == torch.float32
     torch.testing.assert_close(y, layer.forward_reference(x), rtol=1e-5, atol=1e-4)
     assert not torch.equal(y, torch.nn.functional.linear(x, layer.dense() + 1e-3))  # the oracle can tell
+    xb = x.bfloat16()  # bfloat16 activations: the float32 result for x widened, rounded once
+    yb = layer(xb)
+    assert yb.shape == (2, 5, 96) and yb.dtype == torch.bfloat16
+    assert torch.equal(yb, layer(xb.float()).bfloat16())
+    torch.testing.assert_close(yb, layer.forward_reference(xb))  # bfloat16's tolerance
+
+
+def test_a_moved_or_copied_layer_binds_its_own_weights():
+    """The layer binds its weights to the kernel on its first call; new buffers (a load, a copy)
+    are bound again, never read through the old pointers."""
+    import copy
+
+    _cpu_kernels()
+    g = torch.Generator().manual_seed(4)
+    a, b = QuantizedLinear(torch.randn(16, 64, generator=g), "q4_group"), QuantizedLinear(torch.randn(16, 64), "q4_group")
+    x = torch.randn(3, 64, generator=g)
+    ya = a(x)
+    twin = copy.deepcopy(a)
+    a.qweight, a.scales, a.mins = b.qweight, b.scales, b.mins
+    assert torch.equal(a(x), b(x)) and not torch.equal(a(x), ya)
+    assert torch.equal(twin(x), ya)
 
 
 def test_layer_refuses_other_activations():
     _cpu_kernels()
     layer = QuantizedLinear(torch.randn(8, 32), "int8_group")
-    with pytest.raises(ValueError, match="float32 activations on the CPU"):
-        layer(torch.randn(1, 32, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="float32 or bfloat16 activations on the CPU"):
+        layer(torch.randn(1, 32, dtype=torch.float16))
+    for shape in ((2, 31), (2, 3, 33)):
+        with pytest.raises(ValueError, match=r"x must be \[..., in_features\] = \[..., 32\]"):
+            layer(torch.randn(*shape))
     with pytest.raises(ValueError, match="format must be one of"):
         QuantizedLinear(torch.randn(8, 32), "int4")
 
 
 # ---------------------------------------------------------------- the model and the engines
 
-def _engine(scheme, engine="paged", **kw):
+def _engine(scheme, engine="paged", dtype="float32", **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return build_engine(EngineConfig(engine=engine, device="cpu", dtype="float32", max_model_len=128,
+        return build_engine(EngineConfig(engine=engine, device="cpu", dtype=dtype, max_model_len=128,
                                          quantization=scheme, **kw), model_config=TINY, tokenizer=None)
 
 
@@ -170,6 +194,35 @@ def test_every_request_gets_its_tokens_alone(scheme, backend, engine, options):
         assert batched.scheduler.block_manager.num_free_blocks == batched.scheduler.block_manager.num_blocks
 
 
+@pytest.mark.parametrize("scheme", ["int8", "q4"])
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_bfloat16_activations_keep_every_requests_tokens_alone(scheme, backend):
+    """A quantized engine in bfloat16 on the CPU: batched, chunked and preempted, each request
+    gets its tokens alone; its logits are those of the float32 activations within bfloat16's
+    rounding, not equal to them."""
+    _cpu_kernels()
+    prompts = _prompts()
+    options = dict(attention_backend=backend, enable_chunked_prefill=True, max_num_batched_tokens=16,
+                   num_blocks=16, block_size=8)
+    alone = []
+    for p in prompts:
+        e = _engine(scheme, dtype="bfloat16", max_num_seqs=1, **options)
+        alone.append(e.run([e.make_request(p, GREEDY)])[0].token_ids)
+    batched = _engine(scheme, dtype="bfloat16", max_num_seqs=4, **options)
+    assert batched.model.layers[0].mlp.down_proj.qweight.dtype == torch.uint8
+    out = [o.token_ids for o in batched.run([batched.make_request(p, GREEDY) for p in prompts])]
+    assert out == alone
+    assert batched.scheduler.num_preemptions > 0
+    batched.scheduler.block_manager.check_invariants()
+    assert batched.scheduler.block_manager.num_free_blocks == batched.scheduler.block_manager.num_blocks
+    from minillm.model_runner import prompt_logits
+
+    a = prompt_logits(_engine(scheme).model, prompts[2])
+    b = prompt_logits(batched.model, prompts[2])
+    d = (a - b.float()).abs().mean().item()
+    assert 0 < d < 0.05 * a.abs().mean().item()
+
+
 def test_speculation_keeps_quantized_greedy_output():
     _cpu_kernels()
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9]]
@@ -181,7 +234,7 @@ def test_speculation_keeps_quantized_greedy_output():
 
 @pytest.mark.parametrize("options,match", [
     (dict(quantization="int4"), "quantization must be None"),
-    (dict(quantization="int8", dtype="bfloat16"), "keeps the activations in float32"),
+    (dict(quantization="int8", dtype="float16"), "takes float32 or bfloat16 activations"),
     (dict(quantization="q4", pack_weights=True), "pack_weights=True"),
     (dict(quantization="int8", compile=True, attention_backend="torch"), "compile=True"),
 ])
@@ -317,3 +370,27 @@ def test_logits_agreement_and_perplexity_of_logits():
     sure = torch.full((3, 5), -30.0)
     sure[0, 2] = sure[1, 4] = 30.0  # the tokens that follow, nearly certain
     assert perplexity_of(sure, [1, 2, 4]) == pytest.approx(1.0, abs=1e-6) and not math.isnan(perplexity_of(sure, [1, 2, 4]))
+
+
+def test_the_cpu_kernels_stream_float16_scales_where_they_hold_the_weights_exactly():
+    """Weights on the GGUF's grids (float16 scales and minimums): the layer streams 2 bytes of each,
+    for the same results as float32 scales; other weights keep float32 scales."""
+    _cpu_kernels()
+    g = torch.Generator().manual_seed(5)
+    d = (torch.rand(16, 4, 1, generator=g) * 0.05 + 0.01).half().float()
+    m = (-torch.rand(16, 4, 1, generator=g) * 0.2).half().float()
+    q = torch.randint(0, 16, (16, 4, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15
+    on_grid = QuantizedLinear((m + d * q).view(16, 128), "q4_group")
+    other = QuantizedLinear(torch.randn(16, 128, generator=g), "q4_group")
+    x = torch.randn(3, 128, generator=g)
+    from minillm.kernels.cpu.quant import q4_linear
+
+    y = on_grid(x)
+    torch.testing.assert_close(y, on_grid.forward_reference(x), rtol=1e-5, atol=1e-5)
+    assert torch.equal(y, q4_linear(x, on_grid.qweight, on_grid.scales, on_grid.mins, 32))  # float32 scales
+    other(x)
+    assert on_grid._bound.half_scales and not other._bound.half_scales
+    codes = 16 * 128 // 2
+    assert on_grid.nbytes == codes + 2 * 16 * 4 * 4 and on_grid.read_nbytes == codes + 2 * 16 * 4 * 2
+    assert other.read_nbytes == other.nbytes

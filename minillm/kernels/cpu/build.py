@@ -93,9 +93,9 @@ def _declare(lib) -> None:
     lib.minillm_add_rms_norm.argtypes = [i32, ptr, ptr, ptr, ptr, ptr, i64, i64, f32, i32]
     lib.minillm_silu_mul.argtypes = [i32, ptr, ptr, i64, i64, i32]
     lib.minillm_rope_write.argtypes = [i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i32, i32, i32, i32]
-    lib.minillm_int8_linear.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
-    lib.minillm_q4_linear.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i32, i32]
-    lib.minillm_u8_linear.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i32, i32]
+    lib.minillm_int8_linear.argtypes = [i32, ptr, ptr, ptr, ptr, i64, i64, i64, i32]
+    lib.minillm_q4_linear.argtypes = [i32, ptr, ptr, ptr, ptr, i32, ptr, i64, i64, i64, i32, i32]
+    lib.minillm_u8_linear.argtypes = [i32, ptr, ptr, ptr, ptr, i32, ptr, i64, i64, i64, i32, i32]
     for name in ("minillm_attention_rows", "minillm_add_rms_norm", "minillm_silu_mul", "minillm_rope_write",
                  "minillm_int8_linear", "minillm_q4_linear", "minillm_u8_linear"):
         getattr(lib, name).restype = i32

@@ -1,5 +1,5 @@
-"""Weight-only quantized linear layers on the CPU (``quant_matmul.cpp``): float32 activations
-times int8, 8-bit grouped or 4-bit weights, decoded to float32 in registers.
+"""Weight-only quantized linear layers on the CPU (``quant_matmul.cpp``): float32 or bfloat16
+activations times int8, 8-bit grouped or 4-bit weights, decoded to float32 in registers.
 
 A decode step reads every weight of the model for a few rows of activations, so its time is
 mostly the time to stream the weights from memory: 1 byte a weight (int8), 1.25 (8-bit codes
@@ -23,6 +23,15 @@ dequantized in float64, then ``x @ w.T``. The kernels sum in their own fixed ord
 equal the oracles within float32 rounding; a row's result does not depend on the other rows
 of the call or on the thread count (tests/test_cpu_quant_kernels.py).
 
+The grouped formats' scales and minimums are float32 or float16 (both the same): float16 holds
+the GGUF's own (its Q4_1 and Q8_0 blocks store them so) exactly, and reading 2 bytes of each
+instead of 4 streams 0.625 bytes a 4-bit weight instead of 0.75, for the same results bit for
+bit (each is widened to float32 where it is read). ``BoundLinear`` uses them where they are exact.
+
+bfloat16 activations: y is bfloat16 too, the float32 result for x widened to float32 (exact),
+rounded once to bfloat16 -- ``kernel(x)`` equals ``kernel(x.float()).bfloat16()`` bit for bit.
+The arithmetic stays float32: bfloat16 halves what x and y take, not the weights' bytes.
+
 The wrappers check what would make the C++ read or write out of bounds (dtype, device,
 contiguity, shapes, group size) and raise ValueError; the kernels are built into the CPU
 kernels' one library (``build.library``).
@@ -31,12 +40,14 @@ from __future__ import annotations
 
 import torch
 
-from .build import library, named_call
+from .build import DTYPE_CODES, library, named_call
 
 # profiler names of the calls (a ctypes call is no torch op: profiles see these names)
 INT8, U8, Q4 = "minillm::cpu_int8_linear", "minillm::cpu_u8_linear", "minillm::cpu_q4_linear"
 GROUP_SIZES = (32, 64, 128)
-_F32, _I8, _U8 = torch.float32, torch.int8, torch.uint8
+_F32, _F16, _I8, _U8 = torch.float32, torch.float16, torch.int8, torch.uint8
+_SCALE_CODES = {_F32: 0, _F16: 1}  # the grouped kernels' scale_dtype argument
+_CODES = DTYPE_CODES  # the activations' dtypes (float32, bfloat16): the C functions' first argument
 
 
 def _need(t: torch.Tensor, name: str, dtype: torch.dtype, dims: int) -> None:
@@ -51,7 +62,9 @@ def _need(t: torch.Tensor, name: str, dtype: torch.dtype, dims: int) -> None:
 
 
 def _check_x(x: torch.Tensor) -> tuple[int, int]:
-    _need(x, "x", _F32, 2)
+    if x.dtype not in _CODES:
+        raise ValueError(f"x must be torch.float32 or torch.bfloat16, got {x.dtype}")
+    _need(x, "x", x.dtype, 2)
     M, K = x.shape
     if K < 1:
         raise ValueError(f"x must be [M, K] with K >= 1, got {tuple(x.shape)}")
@@ -81,8 +94,10 @@ def _grouped_refusal(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     if K % group_size:
         raise ValueError(f"K = {K} (x's columns) must be a multiple of group_size = {group_size}")
     _need(qweight, "qweight", _U8, 2)
-    _need(scales, "scales", _F32, 2)
-    _need(mins, "mins", _F32, 2)
+    if scales.dtype not in _SCALE_CODES:
+        raise ValueError(f"scales must be torch.float32 or torch.float16, got {scales.dtype}")
+    _need(scales, "scales", scales.dtype, 2)
+    _need(mins, "mins", scales.dtype, 2)  # mins in the scales' dtype
     N = qweight.shape[0]
     if qweight.shape[1] != K // per_byte or N < 1:
         shape, codes = ("[N, K // 2]", "two codes a byte") if per_byte == 2 else ("[N, K]", "one code a byte")
@@ -99,12 +114,12 @@ def _grouped_refusal(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 # calls); where it fails, the *_refusal functions find what to say.
 
 def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """y [M, N] float32, y[m, n] = scale[n] * sum_k x[m, k] * qweight[n, k].
+    """y [M, N] in x's dtype, y[m, n] = scale[n] * sum_k x[m, k] * qweight[n, k].
 
-    x: float32 [M, K]; qweight: int8 [N, K]; scale: float32 [N]; all contiguous, on the CPU.
-    (M = 0, a step without rows, gives an empty [0, N].)
+    x: float32 or bfloat16 [M, K]; qweight: int8 [N, K]; scale: float32 [N]; all contiguous,
+    on the CPU. (M = 0, a step without rows, gives an empty [0, N].)
     """
-    if not (x.dim() == 2 and qweight.dim() == 2 and x.dtype is _F32 and qweight.dtype is _I8
+    if not (x.dim() == 2 and qweight.dim() == 2 and x.dtype in _CODES and qweight.dtype is _I8
             and scale.dtype is _F32 and x.is_cpu and qweight.is_cpu and scale.is_cpu and x.is_contiguous()
             and qweight.is_contiguous() and scale.is_contiguous() and x.shape[1] >= 1
             and qweight.shape[0] >= 1 and qweight.shape[1] == x.shape[1] and scale.shape == qweight.shape[:1]):
@@ -114,7 +129,8 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> 
     y = x.new_empty((M, N))
     if M == 0:
         return y
-    rc = named_call(INT8, library().minillm_int8_linear, x.data_ptr(), qweight.data_ptr(), scale.data_ptr(),
+    rc = named_call(INT8, library().minillm_int8_linear, _CODES[x.dtype], x.data_ptr(), qweight.data_ptr(),
+                    scale.data_ptr(),
                     y.data_ptr(), M, N, K, torch.get_num_threads())
     if rc != 0:
         _raise_for(rc)
@@ -124,8 +140,9 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> 
 def _grouped_linear(name: str, fn: str, per_byte: int, x: torch.Tensor, qweight: torch.Tensor,
                     scales: torch.Tensor, mins: torch.Tensor, group_size: int) -> torch.Tensor:
     """q4_linear (``per_byte`` 2 codes a byte) and u8_linear (1): checks, then the C call ``fn``."""
-    if not (x.dim() == 2 and qweight.dim() == 2 and x.dtype is _F32 and qweight.dtype is _U8
-            and scales.dtype is _F32 and mins.dtype is _F32 and x.is_cpu and qweight.is_cpu and scales.is_cpu
+    if not (x.dim() == 2 and qweight.dim() == 2 and x.dtype in _CODES and qweight.dtype is _U8
+            and scales.dtype in _SCALE_CODES and mins.dtype is scales.dtype and x.is_cpu and qweight.is_cpu
+            and scales.is_cpu
             and mins.is_cpu and x.is_contiguous() and qweight.is_contiguous() and scales.is_contiguous()
             and mins.is_contiguous() and group_size in GROUP_SIZES and x.shape[1] >= 1
             and x.shape[1] % group_size == 0 and qweight.shape[0] >= 1
@@ -137,8 +154,9 @@ def _grouped_linear(name: str, fn: str, per_byte: int, x: torch.Tensor, qweight:
     y = x.new_empty((M, N))
     if M == 0:
         return y
-    rc = named_call(name, getattr(library(), fn), x.data_ptr(), qweight.data_ptr(), scales.data_ptr(),
-                    mins.data_ptr(), y.data_ptr(), M, N, K, group_size, torch.get_num_threads())
+    rc = named_call(name, getattr(library(), fn), _CODES[x.dtype], x.data_ptr(), qweight.data_ptr(),
+                    scales.data_ptr(), mins.data_ptr(), _SCALE_CODES[scales.dtype], y.data_ptr(), M, N, K,
+                    group_size, torch.get_num_threads())
     if rc != 0:
         _raise_for(rc)
     return y
@@ -146,9 +164,9 @@ def _grouped_linear(name: str, fn: str, per_byte: int, x: torch.Tensor, qweight:
 
 def q4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
               group_size: int) -> torch.Tensor:
-    """y [M, N] float32 for the 4-bit weight w[n, k] = q[n, k] * scales[n, k // G] + mins[n, k // G].
+    """y [M, N] in x's dtype for the 4-bit weight w[n, k] = q[n, k] * scales[n, k // G] + mins[n, k // G].
 
-    x: float32 [M, K]; qweight: uint8 [N, K // 2], byte j of a row holding code 2j in its low
+    x: float32 or bfloat16 [M, K]; qweight: uint8 [N, K // 2], byte j of a row holding code 2j in its low
     nibble and code 2j + 1 in its high nibble; scales, mins: float32 [N, K // G]; G =
     group_size, one of 32, 64, 128, dividing K. All contiguous, on the CPU. (M = 0 gives an
     empty [0, N].)
@@ -158,13 +176,83 @@ def q4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins
 
 def u8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
               group_size: int) -> torch.Tensor:
-    """y [M, N] float32 for the 8-bit weight w[n, k] = q[n, k] * scales[n, k // G] + mins[n, k // G].
+    """y [M, N] in x's dtype for the 8-bit weight w[n, k] = q[n, k] * scales[n, k // G] + mins[n, k // G].
 
-    x: float32 [M, K]; qweight: uint8 [N, K], one code 0..255 a weight; scales, mins: float32
-    [N, K // G]; G = group_size, one of 32, 64, 128, dividing K. All contiguous, on the CPU.
+    x: float32 or bfloat16 [M, K]; qweight: uint8 [N, K], one code 0..255 a weight; scales, mins: float32
+    or float16 (both the same) [N, K // G]; G = group_size, one of 32, 64, 128, dividing K. All contiguous, on the CPU.
     (M = 0 gives an empty [0, N].)
     """
     return _grouped_linear(U8, "minillm_u8_linear", 1, x, qweight, scales, mins, group_size)
+
+
+class BoundLinear:
+    """One layer's weights checked once and bound to their C function: ``bound(x)`` is
+    ``q4_linear(x, qweight, scales, mins, group_size)`` (or u8 / int8), checking only x.
+
+    A decode step makes some 120 of these calls with a single row of x, each a few
+    microseconds of C; the full checks of the functions above, the dictionary lookups and the
+    conversion of a dozen arguments cost as much again. Binding keeps the weights' pointers
+    (and the tensors, so that they stay alive); ``holds`` says whether it still binds the
+    tensors a layer has now (a layer moved or given new buffers binds again).
+
+    A grouped layer whose float32 scales and minimums are all float16 values (the GGUF's own)
+    is bound to float16 copies of them: the same results, bit for bit, from fewer bytes
+    (``half_scales`` says which it is bound to).
+    """
+
+    __slots__ = ("fmt", "tensors", "K", "N", "half_scales", "_halves", "_name", "_fn", "_args", "_tail")
+
+    def __init__(self, fmt: str, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                 group_size: int | None):
+        if fmt not in ("int8", "u8", "q4"):
+            raise ValueError(f"fmt must be 'int8', 'u8' or 'q4', got {fmt!r}")
+        self.N = qweight.shape[0] if qweight.dim() == 2 else 0
+        self.K = (qweight.shape[1] * (2 if fmt == "q4" else 1)) if qweight.dim() == 2 else 0
+        probe = torch.zeros(1, max(self.K, 1))  # the full checks, once, on a row of the layer's width
+        self.fmt, self.tensors, self.half_scales, self._halves = fmt, (qweight, scales, mins), False, ()
+        self._name = {"int8": INT8, "u8": U8, "q4": Q4}[fmt]
+        self._fn = getattr(library(), f"minillm_{fmt}_linear")
+        if fmt == "int8":
+            int8_linear(probe, qweight, scales)
+            self._args, self._tail = (qweight.data_ptr(), scales.data_ptr()), ()
+            return
+        (q4_linear if fmt == "q4" else u8_linear)(probe, qweight, scales, mins, group_size)
+        if scales.dtype == _F32 and half_holds(scales) and half_holds(mins):
+            scales, mins = self._halves = scales.half(), mins.half()  # kept alive: the call reads them
+            self.half_scales = True
+        self._args = (qweight.data_ptr(), scales.data_ptr(), mins.data_ptr(), _SCALE_CODES[scales.dtype])
+        self._tail = (group_size,)
+
+    def holds(self, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None) -> bool:
+        """Whether these are the tensors it was bound to, still where they were."""
+        q, s, m = self.tensors
+        return q is qweight and s is scales and m is mins and q.data_ptr() == self._args[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """y [M, N] in x's dtype for x [M, K] (float32 or bfloat16, contiguous, on the CPU)."""
+        code = _CODES.get(x.dtype)
+        if code is None or not x.is_cpu or x.dim() != 2 or x.shape[1] != self.K or not x.is_contiguous():
+            return self._checked(x)  # raises the ValueError that says what is wrong with x
+        M = x.shape[0]
+        y = x.new_empty((M, self.N))
+        if M == 0:
+            return y
+        rc = named_call(self._name, self._fn, code, x.data_ptr(), *self._args, y.data_ptr(), M, self.N, self.K,
+                        *self._tail, torch.get_num_threads())
+        if rc != 0:
+            _raise_for(rc)
+        return y
+
+    def _checked(self, x: torch.Tensor) -> torch.Tensor:
+        q, s, m = self.tensors
+        if self.fmt == "int8":
+            return int8_linear(x, q, s)
+        return (q4_linear if self.fmt == "q4" else u8_linear)(x, q, s, m, self._tail[0])
+
+
+def half_holds(t: torch.Tensor) -> bool:
+    """Whether every value of the float32 tensor ``t`` is a float16 value (float16 stores it exactly)."""
+    return bool(torch.equal(t.half().float(), t))
 
 
 def _raise_for(rc: int) -> None:
@@ -173,21 +261,30 @@ def _raise_for(rc: int) -> None:
     raise ValueError(f"the quantized linear refused its arguments (code {rc})")
 
 
+def _rounded_like(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """An oracle's float64 result in the kernel's output dtype: float32 for float32 x; for
+    bfloat16 x, float32 first, then bfloat16 (the kernel's two roundings)."""
+    y = y.float()
+    return y if x.dtype == _F32 else y.to(x.dtype)
+
+
 # ---------------------------------------------------------------- the oracles
 
 def int8_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``int8_linear``'s oracle: the weight dequantized in float64, x @ w.T, rounded to float32."""
+    """``int8_linear``'s oracle: the weight dequantized in float64, x @ w.T, rounded to float32
+    (then to bfloat16 for bfloat16 x)."""
     w = qweight.double() * scale.double()[:, None]
-    return (x.double() @ w.T).float()
+    return _rounded_like(x.double() @ w.T, x)
 
 
 def u8_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                   group_size: int) -> torch.Tensor:
-    """``u8_linear``'s oracle: the weight dequantized in float64, x @ w.T, rounded to float32."""
+    """``u8_linear``'s oracle: the weight dequantized in float64, x @ w.T, rounded to float32
+    (then to bfloat16 for bfloat16 x)."""
     N, K = qweight.shape
     q = qweight.double().view(N, K // group_size, group_size)
     w = q * scales.double()[..., None] + mins.double()[..., None]
-    return (x.double() @ w.view(N, K).T).float()
+    return _rounded_like(x.double() @ w.view(N, K).T, x)
 
 
 def q4_unpack(qweight: torch.Tensor) -> torch.Tensor:
@@ -204,8 +301,9 @@ def q4_pack(codes: torch.Tensor) -> torch.Tensor:
 
 def q4_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                   group_size: int) -> torch.Tensor:
-    """``q4_linear``'s oracle: the weight dequantized in float64, x @ w.T, rounded to float32."""
+    """``q4_linear``'s oracle: the weight dequantized in float64, x @ w.T, rounded to float32
+    (then to bfloat16 for bfloat16 x)."""
     q = q4_unpack(qweight).double()
     N, K = q.shape
     w = (q.view(N, K // group_size, group_size) * scales.double()[..., None] + mins.double()[..., None])
-    return (x.double() @ w.view(N, K).T).float()
+    return _rounded_like(x.double() @ w.view(N, K).T, x)

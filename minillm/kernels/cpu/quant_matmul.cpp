@@ -1,7 +1,10 @@
-// Weight-only quantized linear layers on the CPU: y = x @ w.T with x float32 and w stored as
-// int8 (one scale per output row), or as 8-bit or 4-bit codes with a scale and a minimum per
-// group of G weights. The arithmetic is float32: each weight is decoded to a float in a
-// register, where it is used at once; nothing dequantized is ever written back to memory.
+// Weight-only quantized linear layers on the CPU: y = x @ w.T with x float32 or bfloat16 and w
+// stored as int8 (one scale per output row), or as 8-bit or 4-bit codes with a scale and a
+// minimum per group of G weights. The arithmetic is float32: each weight is decoded to a float
+// in a register, where it is used at once; nothing dequantized is ever written back to memory.
+// bfloat16 activations are widened to float32 as x is copied (exactly), and each y is rounded
+// to bfloat16 (to nearest, ties to even, as PyTorch rounds) as it is stored: a bfloat16 call
+// gives the float32 call's result on the widened x, rounded once.
 //
 // Why this pays: a decode step multiplies a few rows of activations (M = 1..32) by every
 // weight of the model, so each weight is used only M times after being read from memory. At
@@ -15,11 +18,11 @@
 // floor again, and the same for every format: float32 weights catch up.)
 //
 // Layouts (every tensor contiguous, row-major):
-//   x       float32 [M, K]       the activations, one row per token
-//   y       float32 [M, N]       y[m, n] = sum_k x[m, k] w[n, k]
+//   x       float32 or bfloat16 [M, K]   the activations, one row per token
+//   y       x's dtype [M, N]             y[m, n] = sum_k x[m, k] w[n, k]
 //   int8:   qweight int8 [N, K], scale float32 [N]:   w[n, k] = scale[n] * qweight[n, k]
-//   8-bit:  qweight uint8 [N, K], one code 0..255 a weight; scales, mins float32 [N, K/G]:
-//           w[n, k] = q[n, k] * scales[n, k/G] + mins[n, k/G]
+//   8-bit:  qweight uint8 [N, K], one code 0..255 a weight; scales, mins [N, K/G], both float32
+//           or both float16: w[n, k] = q[n, k] * scales[n, k/G] + mins[n, k/G]
 //   4-bit:  qweight uint8 [N, K/2]: byte j of a row holds code 2j in its low nibble and code
 //           2j+1 in its high nibble (codes 0..15); scales, mins as for 8-bit, the same w
 // The int8 row scale multiplies the finished sum. The grouped formats' product splits per
@@ -29,7 +32,10 @@
 // The two grouped formats share one kernel (GroupedLinear); they differ only in where a code
 // sits (Nibbles, Bytes) and in how a block of them is decoded (Q4Group, U8Group). Groups of
 // 32 with a scale and a minimum hold GGUF's Q4_1 weights (4-bit) and its Q8_0 ones (8-bit:
-// code c + 128, minimum -128 * scale) exactly.
+// code c + 128, minimum -128 * scale) exactly. The file stores those scales and minimums as
+// float16, so float16 holds them exactly too: then a group costs 4 bytes instead of 8 (4-bit
+// codes: 0.625 bytes a weight instead of 0.75), and each is widened to float32 as it is read --
+// the same float32 arithmetic, the same results bit for bit, 15% fewer bytes to stream.
 //
 // Tiling: the rows of x are taken in tiles of up to 8 (a decode step's rows fit in one or a
 // few), and each tile is multiplied by NR weight rows at a time: a weight vector is decoded
@@ -54,16 +60,22 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#endif
+#if defined(__F16C__) && (defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)))
+#define HAS_F16C 1  // float16 to float32 in hardware (vcvtph2ps)
+#else
+#define HAS_F16C 0
 #endif
 
 namespace {
 
 // ---------------------------------------------------------------- the vector operations
 //
-// vf: W floats. vzero, vload (W floats), vload_first (the first n < W floats, zeros after),
+// vf: W floats. vzero, vload (W floats), vstore (to an aligned address), vload_first (the first n < W floats, zeros after),
 // vadd, vfma(a, b, c) = a * b + c, load_i8 (W int8 as floats), vsum_block (the lane sums of up
 // to W vectors); Q4Group: one group's scale, which turns W bytes of 4-bit codes (2W weights)
 // into two vectors of weights times the scale, those at even positions and those at odd ones;
@@ -82,6 +94,7 @@ constexpr int W = 16;
 
 inline vf vzero() { return _mm512_setzero_ps(); }
 inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm512_store_ps(p, v); }  // p on a 64-byte boundary
 inline vf vload_first(const float* p, int n) {
     return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p);
 }
@@ -154,6 +167,7 @@ constexpr int W = 8;
 
 inline vf vzero() { return _mm256_setzero_ps(); }
 inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm256_store_ps(p, v); }  // p on a 32-byte boundary
 inline vf vload_first(const float* p, int n) {
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes));
@@ -221,6 +235,7 @@ constexpr int W = 1;
 
 inline vf vzero() { return 0.f; }
 inline vf vload(const float* p) { return *p; }
+inline void vstore(float* p, vf v) { *p = v; }
 inline vf vload_first(const float* p, int n) { return n > 0 ? *p : 0.f; }
 inline vf vadd(vf a, vf b) { return a + b; }
 inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
@@ -289,24 +304,109 @@ float* scratch(int64_t n) {
 // prefetchers are slow to follow across rows only a few hundred bytes long.
 constexpr int PREFETCH_TILES = 2;
 
+// ---------------------------------------------------------------- the activations' dtype
+
+inline float bf16_to_float(uint16_t b) {
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+inline uint16_t float_to_bf16(float f) {  // to nearest, ties to even; NaN stays NaN (c10::BFloat16's rule)
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// float16 scales and minimums, widened to float32 (exactly) where they are read: one (scalar)
+// per group and weight row, W at a time (the minimums' vector).
+inline float scalar_of(float v) { return v; }
+inline float scalar_of(uint16_t h) {
+#if HAS_F16C
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
+    uint32_t u;
+    if (e == 31) {
+        u = sign | 0x7f800000u | (m << 13);  // inf, NaN
+    } else if (e != 0) {
+        u = sign | ((e + 112u) << 23) | (m << 13);  // normal: rebias 15 -> 127
+    } else if (m == 0) {
+        u = sign;  // zero
+    } else {  // subnormal: m * 2^-24
+        float f = static_cast<float>(m) * 5.9604644775390625e-8f;
+        std::memcpy(&u, &f, sizeof u);
+        u |= sign;
+    }
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+inline vf vload_scalars(const float* p, int n) { return n == W ? vload(p) : vload_first(p, n); }
+inline vf vload_scalars(const uint16_t* p, int n) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    const __m256i h = n == W ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                             : _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1u), p);
+    return _mm512_cvtph_ps(h);
+#elif defined(__AVX512F__)
+    if (n == W) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    alignas(32) uint16_t first[W] = {};
+    std::memcpy(first, p, static_cast<size_t>(n) * sizeof(uint16_t));
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(first)));
+#elif HAS_F16C
+    if (n == W) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    alignas(16) uint16_t first[W] = {};
+    std::memcpy(first, p, static_cast<size_t>(n) * sizeof(uint16_t));
+    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(first)));
+#else
+    alignas(64) float f[W];
+    for (int i = 0; i < W; ++i) f[i] = i < n ? scalar_of(p[i]) : 0.f;
+    return vload(f);
+#endif
+}
+
+// x and y of one call, float32 (bf16 false) or bfloat16: row m of x as float32, and y[i] stored.
+struct Rows {
+    const void* x;
+    void* y;
+    bool bf16;
+    int64_t K;
+    void load(int64_t m, float* dst) const {
+        if (!bf16) {
+            std::memcpy(dst, static_cast<const float*>(x) + m * K, static_cast<size_t>(K) * sizeof(float));
+            return;
+        }
+        const uint16_t* src = static_cast<const uint16_t*>(x) + m * K;
+        for (int64_t k = 0; k < K; ++k) dst[k] = bf16_to_float(src[k]);
+    }
+    void store(int64_t i, float v) const {
+        if (bf16)
+            static_cast<uint16_t*>(y)[i] = float_to_bf16(v);
+        else
+            static_cast<float*>(y)[i] = v;
+    }
+};
+
 // ---------------------------------------------------------------- int8
 
 struct Int8Linear {
-    const float* x;  // [M, K]
+    Rows io;  // x [M, K], y [M, N]
     const int8_t* w;
     const float* scale;
-    float* y;
     int64_t M, N, K;
     int64_t Kp;  // K rounded up to a multiple of W: the row length of x as the tiles read it
 
-    // x as the tiles read it, rows of Kp floats (zero-padded) on vector boundaries: x itself
-    // where it is that already, else a copy in this thread's scratch; null if out of memory.
+    // x as the tiles read it, float32 rows of Kp floats (zero-padded) on vector boundaries: x
+    // itself where it is that already, else a copy in this thread's scratch; null if out of memory.
     const float* prepare() const {
-        if (Kp == K && reinterpret_cast<uintptr_t>(x) % (W * sizeof(float)) == 0) return x;
+        if (!io.bf16 && Kp == K && reinterpret_cast<uintptr_t>(io.x) % (W * sizeof(float)) == 0)
+            return static_cast<const float*>(io.x);
         float* xp = scratch(M * Kp);
         if (xp == nullptr) return nullptr;
         for (int64_t m = 0; m < M; ++m) {
-            std::memcpy(xp + m * Kp, x + m * K, static_cast<size_t>(K) * sizeof(float));
+            io.load(m, xp + m * Kp);
             std::fill(xp + m * Kp + K, xp + (m + 1) * Kp, 0.f);
         }
         return xp;
@@ -347,7 +447,7 @@ struct Int8Linear {
         float sums[R * NR];
         vsum_all<R * NR>(&acc[0][0], sums);
         for (int r = 0; r < R; ++r)
-            for (int j = 0; j < NR; ++j) y[(m0 + r) * N + n0 + j] = scale[n0 + j] * sums[r * NR + j];
+            for (int j = 0; j < NR; ++j) io.store((m0 + r) * N + n0 + j, scale[n0 + j] * sums[r * NR + j]);
     }
 };
 
@@ -373,27 +473,31 @@ struct Bytes {
 };
 
 // G, the group size, is a compile-time constant: the loop over a group's code blocks has a
-// known length (one block at G = 32 with AVX-512) and unrolls.
-template <int G, class Codes>
+// known length (one block at G = 32 with AVX-512) and unrolls. S, the type the scales and
+// minimums are stored in: float, or uint16_t for float16.
+template <int G, class Codes, class S>
 struct GroupedLinear {
-    const float* x;  // [M, K]
+    Rows io;  // x [M, K], y [M, N]
     const uint8_t* q;
-    const float* scales;
-    const float* mins;
-    float* y;
+    const S* scales;
+    const S* mins;
     int64_t M, N, K;
     int64_t groups;
     int64_t Gp;  // groups rounded up to a multiple of W
 
     // In this thread's scratch: x with each block of 2W values in the decoded order ([M, K]),
-    // then each group's sum of x ([M, Gp], zero past the last group); null if out of memory.
+    // then each group's sum of x ([M, Gp], zero past the last group), then room for one row of
+    // x in float32 (bfloat16 x is widened there before it is arranged); null if out of memory.
     const float* prepare() const {
-        float* xp = scratch(M * (K + Gp));
+        float* xp = scratch(M * (K + Gp) + K);
         if (xp == nullptr) return nullptr;
         float* xs = xp + M * K;
+        float* row = xs + M * Gp;
         for (int64_t m = 0; m < M; ++m) {
             float* xr = xp + m * K;
-            Codes::arrange(x + m * K, xr, K);
+            const float* src = io.bf16 ? row : static_cast<const float*>(io.x) + m * K;
+            if (io.bf16) io.load(m, row);
+            Codes::arrange(src, xr, K);
             // A group's sum: its blocks added lane by lane, then the lanes (vsum_block), W groups
             // at a time; a tree of float sums, within a few roundings of the exact sum.
             vf part[W];
@@ -422,18 +526,33 @@ struct GroupedLinear {
         const uint8_t* qr = q + n0 * row_bytes;
         const float* xr = xp + m0 * K;
         const bool ahead = n0 + (PREFETCH_TILES + 1) * NR <= N;
-        for (int64_t g = 0; g < groups; ++g) {
-            Group group[NR];
-            for (int j = 0; j < NR; ++j) group[j] = Group(scales[(n0 + j) * groups + g]);
-            for (int64_t k = g * G; k < (g + 1) * G; k += QBLOCK) {
-                const int64_t kb = Codes::bytes(k);
-                if (ahead && kb % 64 == 0)  // 64 bytes of codes
-                    for (int j = 0; j < NR; ++j) __builtin_prefetch(qr + (PREFETCH_TILES * NR + j) * row_bytes + kb);
-                vf even[NR], odd[NR];
-                for (int j = 0; j < NR; ++j) group[j].decode(qr + j * row_bytes + kb, even[j], odd[j]);
-                for (int r = 0; r < R; ++r) {
-                    const vf xe = vload(xr + r * K + k), xo = vload(xr + r * K + k + W);
-                    for (int j = 0; j < NR; ++j) acc[r][j] = vfma(xo, odd[j], vfma(xe, even[j], acc[r][j]));
+        // float16 scales are widened W groups at a time, into a buffer the groups then read
+        alignas(64) float widened[std::is_same<S, float>::value ? 1 : NR][W];
+        const float* scale_of[NR];
+        for (int64_t g0 = 0; g0 < groups; g0 += W) {
+            const int n = static_cast<int>(std::min<int64_t>(W, groups - g0));
+            for (int j = 0; j < NR; ++j) {
+                if constexpr (std::is_same<S, float>::value) {
+                    scale_of[j] = scales + (n0 + j) * groups + g0;
+                } else {
+                    vstore(widened[j], vload_scalars(scales + (n0 + j) * groups + g0, n));
+                    scale_of[j] = widened[j];
+                }
+            }
+            for (int64_t g = g0; g < g0 + n; ++g) {
+                Group group[NR];
+                for (int j = 0; j < NR; ++j) group[j] = Group(scale_of[j][g - g0]);
+                for (int64_t k = g * G; k < (g + 1) * G; k += QBLOCK) {
+                    const int64_t kb = Codes::bytes(k);
+                    if (ahead && kb % 64 == 0)  // 64 bytes of codes
+                        for (int j = 0; j < NR; ++j)
+                            __builtin_prefetch(qr + (PREFETCH_TILES * NR + j) * row_bytes + kb);
+                    vf even[NR], odd[NR];
+                    for (int j = 0; j < NR; ++j) group[j].decode(qr + j * row_bytes + kb, even[j], odd[j]);
+                    for (int r = 0; r < R; ++r) {
+                        const vf xe = vload(xr + r * K + k), xo = vload(xr + r * K + k + W);
+                        for (int j = 0; j < NR; ++j) acc[r][j] = vfma(xo, odd[j], vfma(xe, even[j], acc[r][j]));
+                    }
                 }
             }
         }
@@ -442,10 +561,7 @@ struct GroupedLinear {
         for (int64_t g = 0; g < groups; g += W) {
             const int n = static_cast<int>(std::min<int64_t>(W, groups - g));
             vf mv[NR];
-            for (int j = 0; j < NR; ++j) {
-                const float* p = mins + (n0 + j) * groups + g;
-                mv[j] = n == W ? vload(p) : vload_first(p, n);
-            }
+            for (int j = 0; j < NR; ++j) mv[j] = vload_scalars(mins + (n0 + j) * groups + g, n);
             for (int r = 0; r < R; ++r) {
                 const vf s = vload(xsum + (m0 + r) * Gp + g);
                 for (int j = 0; j < NR; ++j) acc[r][j] = vfma(s, mv[j], acc[r][j]);
@@ -454,7 +570,7 @@ struct GroupedLinear {
         float sums[R * NR];
         vsum_all<R * NR>(&acc[0][0], sums);
         for (int r = 0; r < R; ++r)
-            for (int j = 0; j < NR; ++j) y[(m0 + r) * N + n0 + j] = sums[r * NR + j];
+            for (int j = 0; j < NR; ++j) io.store((m0 + r) * N + n0 + j, sums[r * NR + j]);
     }
 };
 
@@ -522,46 +638,63 @@ int run(const Kernel& kernel, int64_t row_bytes, int num_threads) {
 }
 
 // One of the grouped formats at its group size (32, 64 or 128, dividing K); 2 otherwise.
-template <class Codes>
-int run_grouped(const float* x, const uint8_t* qweight, const float* scales, const float* mins, float* y,
+template <class Codes, class S>
+int run_grouped(const Rows& io, const uint8_t* qweight, const S* scales, const S* mins,
                 int64_t M, int64_t N, int64_t K, int group_size, int threads) {
     if ((group_size != 32 && group_size != 64 && group_size != 128) || K % group_size != 0) return 2;
     const int64_t groups = K / group_size, Gp = (groups + W - 1) / W * W, row_bytes = Codes::bytes(K);
     if (group_size == 32)
-        return run(GroupedLinear<32, Codes>{x, qweight, scales, mins, y, M, N, K, groups, Gp}, row_bytes, threads);
+        return run(GroupedLinear<32, Codes, S>{io, qweight, scales, mins, M, N, K, groups, Gp}, row_bytes, threads);
     if (group_size == 64)
-        return run(GroupedLinear<64, Codes>{x, qweight, scales, mins, y, M, N, K, groups, Gp}, row_bytes, threads);
-    return run(GroupedLinear<128, Codes>{x, qweight, scales, mins, y, M, N, K, groups, Gp}, row_bytes, threads);
+        return run(GroupedLinear<64, Codes, S>{io, qweight, scales, mins, M, N, K, groups, Gp}, row_bytes, threads);
+    return run(GroupedLinear<128, Codes, S>{io, qweight, scales, mins, M, N, K, groups, Gp}, row_bytes, threads);
+}
+
+// The scales' type: 0 float32, 1 float16 (the minimums share it).
+template <class Codes>
+int run_grouped(int dtype, const void* x, const uint8_t* qweight, const void* scales, const void* mins,
+                int scale_dtype, void* y, int64_t M, int64_t N, int64_t K, int group_size, int threads) {
+    if (M < 1 || N < 1 || K < 1) return 1;
+    if ((dtype != 0 && dtype != 1) || (scale_dtype != 0 && scale_dtype != 1)) return 3;
+    const Rows io{x, y, dtype == 1, K};
+    if (scale_dtype == 1)
+        return run_grouped<Codes>(io, qweight, static_cast<const uint16_t*>(scales), static_cast<const uint16_t*>(mins),
+                                  M, N, K, group_size, threads);
+    return run_grouped<Codes>(io, qweight, static_cast<const float*>(scales), static_cast<const float*>(mins),
+                              M, N, K, group_size, threads);
 }
 
 }  // namespace
 
 extern "C" {
 
+// dtype: the activations' (x's and y's) type, 0 float32 or 1 bfloat16 (build.DTYPE_CODES).
+
 // y [M, N] = x [M, K] times the int8 weight [N, K] with its row scales [N], transposed.
-// Returns 0, 1 for a size below 1, 7 where the scratch copy of x cannot be allocated.
-int minillm_int8_linear(const float* x, const int8_t* qweight, const float* scale, float* y, int64_t M, int64_t N,
-                        int64_t K, int num_threads) {
+// Returns 0, 1 for a size below 1, 3 for an unknown dtype, 7 where the scratch copy of x
+// cannot be allocated.
+int minillm_int8_linear(int dtype, const void* x, const int8_t* qweight, const float* scale, void* y, int64_t M,
+                        int64_t N, int64_t K, int num_threads) {
     if (M < 1 || N < 1 || K < 1) return 1;
-    const Int8Linear kernel{x, qweight, scale, y, M, N, K, (K + W - 1) / W * W};
+    if (dtype != 0 && dtype != 1) return 3;
+    const Int8Linear kernel{Rows{x, y, dtype == 1, K}, qweight, scale, M, N, K, (K + W - 1) / W * W};
     return run(kernel, K, num_threads);
 }
 
-// y [M, N] = x [M, K] times the 4-bit weight (qweight [N, K/2], scales and mins [N, K/G]),
-// transposed. Returns 0, 1 for a size below 1, 2 for a group size other than 32, 64 or 128 or
-// a K that is not a multiple of it, 7 where the scratch copy of x cannot be allocated.
-int minillm_q4_linear(const float* x, const uint8_t* qweight, const float* scales, const float* mins, float* y,
-                      int64_t M, int64_t N, int64_t K, int group_size, int threads) {
-    if (M < 1 || N < 1 || K < 1) return 1;
-    return run_grouped<Nibbles>(x, qweight, scales, mins, y, M, N, K, group_size, threads);
+// y [M, N] = x [M, K] times the 4-bit weight (qweight [N, K/2], scales and mins [N, K/G] in
+// float32, scale_dtype 0, or float16, 1), transposed. Returns 0, 1 for a size below 1, 2 for a
+// group size other than 32, 64 or 128 or a K that is not a multiple of it, 3 for an unknown
+// dtype, 7 where the scratch copy of x cannot be allocated.
+int minillm_q4_linear(int dtype, const void* x, const uint8_t* qweight, const void* scales, const void* mins,
+                      int scale_dtype, void* y, int64_t M, int64_t N, int64_t K, int group_size, int threads) {
+    return run_grouped<Nibbles>(dtype, x, qweight, scales, mins, scale_dtype, y, M, N, K, group_size, threads);
 }
 
 // y [M, N] = x [M, K] times the 8-bit grouped weight (qweight [N, K], one code 0..255 a byte;
-// scales and mins [N, K/G]), transposed. Returns as minillm_q4_linear.
-int minillm_u8_linear(const float* x, const uint8_t* qweight, const float* scales, const float* mins, float* y,
-                      int64_t M, int64_t N, int64_t K, int group_size, int threads) {
-    if (M < 1 || N < 1 || K < 1) return 1;
-    return run_grouped<Bytes>(x, qweight, scales, mins, y, M, N, K, group_size, threads);
+// scales and mins [N, K/G] as for minillm_q4_linear), transposed. Returns as minillm_q4_linear.
+int minillm_u8_linear(int dtype, const void* x, const uint8_t* qweight, const void* scales, const void* mins,
+                      int scale_dtype, void* y, int64_t M, int64_t N, int64_t K, int group_size, int threads) {
+    return run_grouped<Bytes>(dtype, x, qweight, scales, mins, scale_dtype, y, M, N, K, group_size, threads);
 }
 
 }
