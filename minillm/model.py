@@ -11,6 +11,8 @@ RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> tied LM head.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,6 +23,7 @@ from .config import ModelConfig
 from .kernels.cpu import build as cpu_build
 from .kernels.cpu import layer_ops
 from .kernels.rmsnorm import rms_norm_ref
+from .quantization import QuantizedLinear
 
 # x / rms(x) * weight in float32, rounded to x.dtype where transformers rounds: the model's norm
 # is the Triton kernel's oracle itself (one body, kernels/rmsnorm.py), so the two cannot drift.
@@ -45,6 +48,39 @@ def _plugged(name: str):
     step runs only while nothing in ``FORWARD_SEAMS`` is plugged (compiled.py steps aside to
     the eager forward), so its graph holds the library's code and no guard on the seams."""
     return None if torch.compiler.is_compiling() else seams.plugged(name)
+
+
+class _LayerParts(NamedTuple):
+    """What ``Llama._cpu_layers`` uses of a decoder layer: its projections, (weight, eps) of its
+    norms, and its attention's scale."""
+
+    qkv_proj: nn.Module
+    o_proj: nn.Module
+    gate_up_proj: nn.Module
+    down_proj: nn.Module
+    input_norm: tuple[torch.Tensor, float]
+    post_attn_norm: tuple[torch.Tensor, float]
+    scale: float
+
+
+def _norm_parts(norm: nn.Module) -> tuple[torch.Tensor, float]:
+    return norm._parameters["weight"], norm.eps
+
+
+def _layer_parts(layer: nn.Module) -> _LayerParts:
+    """A layer's parts, read from the modules' own dictionaries once per forward: nn.Module's
+    attribute lookup is a Python call (under a microsecond), and the loop would make some 500
+    a step."""
+    attn, mlp = layer._modules["attn"]._modules, layer._modules["mlp"]._modules
+    return _LayerParts(attn["qkv_proj"], attn["o_proj"], mlp["gate_up_proj"], mlp["down_proj"],
+                       _norm_parts(layer._modules["input_norm"]), _norm_parts(layer._modules["post_attn_norm"]),
+                       layer._modules["attn"].scale)
+
+
+def _rows(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)`` for the CPU layers' rows [T, K]; a quantized layer's kernel straight away
+    (``QuantizedLinear.rows_on_cpu``: a 4-bit layer's kernel takes about as long as a module call)."""
+    return linear.rows_on_cpu(x) if type(linear) is QuantizedLinear else linear(x)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,19 +353,18 @@ class Llama(nn.Module):
         T, cfg = h.shape[0], self.cfg
         rows = cpu_attention_rows(meta, h.dtype)  # None: a learner's decode attention is plugged in (chapter 3)
         ops = layer_ops.ForwardOps(h, cos, sin, meta, cfg.num_heads, kv_caches, cfg.intermediate_size, rows)
-        first = self.layers[0].input_norm
-        n = ops.add_norm(None, h, first.weight, first.eps)  # h: the residual stream, updated in place
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
-            attn, mlp = layer.attn, layer.mlp
-            q = ops.rope_write(attn.qkv_proj(n), i)  # [T, Hq, D]; this step's K/V in layer i's cache
+        parts = [_layer_parts(layer) for layer in self.layers]
+        norms = [p.input_norm for p in parts[1:]] + [_norm_parts(self.norm)]  # each layer's next norm
+        weight, eps = parts[0].input_norm
+        n = ops.add_norm(None, h, weight, eps)  # h: the residual stream, updated in place
+        for i, (p, (k_cache, v_cache)) in enumerate(zip(parts, kv_caches)):
+            q = ops.rope_write(_rows(p.qkv_proj, n), i)  # [T, Hq, D]; this step's K/V in layer i's cache
             if rows is not None:
-                o = ops.attend(i, attn.scale)
+                o = ops.attend(i, p.scale)
             else:
-                o = torch_attention(q, k_cache, v_cache, meta, attn.scale)
-            n = ops.add_norm(attn.o_proj(o.view(T, cfg.q_size)), h, layer.post_attn_norm.weight,
-                             layer.post_attn_norm.eps)
-            norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
-            n = ops.add_norm(mlp.down_proj(ops.silu_mul(mlp.gate_up_proj(n))), h, norm.weight, norm.eps)
+                o = torch_attention(q, k_cache, v_cache, meta, p.scale)
+            n = ops.add_norm(_rows(p.o_proj, o.view(T, cfg.q_size)), h, *p.post_attn_norm)
+            n = ops.add_norm(_rows(p.down_proj, ops.silu_mul(_rows(p.gate_up_proj, n))), h, *norms[i])
         return n
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

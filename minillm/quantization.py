@@ -229,6 +229,18 @@ class QuantizedLinear(nn.Module):
         y = matmul(x2) if y is None else y
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
+    def rows_on_cpu(self, x2: torch.Tensor) -> torch.Tensor:
+        """y [T, N] for rows x2 [T, K] on the CPU: the bound kernel, straight away. The CPU layers
+        of ``model.Llama`` call this some 120 times a decode step, where the module's call and
+        its checks would cost as much as a 4-bit layer's kernel; it takes the module's own path
+        until the layer is bound, and while a learner's function is plugged in (chapter 11)."""
+        bound, buffers = self._bound, self._buffers
+        if (bound is None or seams.plugged("int8_gemv_triton") is not None
+                or seams.plugged("dequantize_groups") is not None
+                or not bound.holds(buffers["qweight"], buffers["scales"], buffers.get("mins"))):
+            return self(x2)
+        return bound(x2)  # checks x2 itself
+
     def _cpu_matmul(self, x2: torch.Tensor) -> torch.Tensor:
         bound, buffers = self._bound, self._buffers  # (the buffers' dict: faster than nn.Module's attribute lookup)
         if bound is None or not bound.holds(buffers["qweight"], buffers["scales"], buffers.get("mins")):
