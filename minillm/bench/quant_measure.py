@@ -8,7 +8,8 @@
   written for this purpose and never used to choose anything.
 * ``step_times``: one decode step at batch B (context 128), per scheme, the schemes measured
   alternately in rounds (the cores may be shared), with the bytes of weights it reads and
-  the floor those bytes set at the measured read bandwidth.
+  the floor those bytes set at the measured read bandwidth (the bytes the CPU kernels stream:
+  float16 scales and minimums where those hold them exactly, ``weight_bytes_per_step``).
 
 ``python -m minillm.bench.quant_measure`` prints both tables for float32, int8 and q4
 (``--llamacpp``: and llama.cpp's own logits on the same sequences, from the same GGUF).
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=64))
     sequences = [list(p) + list(o.token_ids) for p, o in zip(prompts, outs)]
     held = tok(HELDOUT_TEXT).input_ids
-    print(f"{'weights':12s} {'MB/step':>8s} {'argmax agree':>12s} {'mean|dlogit|':>12s} {'max|dlogit|':>11s} "
+    print(f"{'weights':12s} {'MB stored':>9s} {'argmax agree':>12s} {'mean|dlogit|':>12s} {'max|dlogit|':>11s} "
           f"{'perplexity':>10s}")
     theirs = None
     if args.llamacpp:
@@ -176,14 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     for key, m in models.items():
         mine = ref_logits if key is None else all_logits(m, sequences)
         q = logits_agreement(ref_logits, mine)
-        print(f"{key or 'float32':12s} {weight_bytes_per_step(m) / 1e6:8.1f} {q['argmax_agreement']:12.2%} "
+        print(f"{key or 'float32':12s} {weight_bytes_per_step(m) / 1e6:9.1f} {q['argmax_agreement']:12.2%} "
               f"{q['mean_abs_dlogit']:12.4f} {q['max_abs_dlogit']:11.3f} {perplexity(m, held):10.2f}")
         if theirs is not None and key in ("q4", "int8"):
             against_llamacpp[key] = logits_agreement(mine, theirs[:-1])
         del mine
     if theirs is not None:
         q = logits_agreement(ref_logits, theirs[:-1])
-        print(f"{'llama.cpp':12s} {'(gguf)':>8s} {q['argmax_agreement']:12.2%} {q['mean_abs_dlogit']:12.4f} "
+        print(f"{'llama.cpp':12s} {'(gguf)':>9s} {q['argmax_agreement']:12.2%} {q['mean_abs_dlogit']:12.4f} "
               f"{q['max_abs_dlogit']:11.3f} {perplexity_of(theirs[-1], held):10.2f}")
         for key, q in against_llamacpp.items():
             print(f"  llama.cpp against minillm {key}: argmax agreement {q['argmax_agreement']:.2%}, "
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         base = statistics.median(times[None])
         for key, m in models.items():
             t = statistics.median(times[key])
-            floor = weight_bytes_per_step(m) / (bw * 1e9)
+            floor = weight_bytes_per_step(m, streamed=True) / (bw * 1e9)  # what the CPU kernels read
             print(f"  B={b:<3d} {key or 'float32':12s} {t * 1e3:7.2f} ms  floor {floor * 1e3:6.2f} ms "
                   f"({t / floor:4.1f}x floor)  {base / t:4.2f}x float32's speed  "
                   f"[{min(times[key]) * 1e3:.2f}-{max(times[key]) * 1e3:.2f} ms]")
