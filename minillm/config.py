@@ -169,9 +169,10 @@ class SpeculativeConfig:
       "typical" (Medusa-2's typical acceptance with ``typical_epsilon`` and
       ``typical_delta``: accepts more, not exact when sampling; trees only, a chain then
       being the tree of its k nodes).
-    * ``quantization`` (method "model"): the draft alone in "int8" or "q4" (as
+    * ``quantization`` (methods "model" and "medusa"): the draft alone in "int8" or "q4" (as
       ``EngineConfig.quantization``); a self-draft gets quantized copies of its layers, the
-      target keeps its own.
+      target keeps its own; Medusa heads get their W_k in the scheme's groups and their
+      vocabulary projection in 8-bit groups (``MedusaHeads.quantize``), on the CPU.
     * ``adaptive``: each request's k moves in [1, num_speculative_tokens], up when its
       recent acceptance is above 0.8, down below 0.5.
     * ``disable_by_batch_size``: speculate only while fewer requests than this are
@@ -225,8 +226,10 @@ class SpeculativeConfig:
                     raise ValueError(f"draft_layers must be a non-empty, increasing list of layer indices, "
                                      f"got {layers!r}")
                 self.draft_layers = list(layers)
-        elif self.draft_layers is not None or self.model is not None or self.quantization is not None:
-            raise ValueError(f"draft_layers, model and quantization are options of the 'model' method, "
+        elif self.draft_layers is not None or self.model is not None:
+            raise ValueError(f"draft_layers and model are options of the 'model' method, not of {self.method!r}")
+        if self.quantization is not None and self.method not in ("model", "medusa"):
+            raise ValueError(f"quantization is an option of the 'model' and 'medusa' methods (the draft alone), "
                              f"not of {self.method!r}")
         if self.heads is not None and self.method != "medusa":
             raise ValueError(f"heads is an option of the 'medusa' method, not of {self.method!r}")

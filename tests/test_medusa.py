@@ -259,6 +259,40 @@ def test_medusa_chain_gives_the_plain_engines_greedy_tokens_and_drafts_well_from
     assert st.tokens_per_target_forward > 2.5
 
 
+@pytest.mark.parametrize("scheme", ["int8", "q4"])
+def test_quantized_heads_draft_alone_and_keep_the_plain_engines_greedy_tokens(fitted, scheme):
+    """speculative={'method': 'medusa', 'quantization': ...}: the heads' W_k in the scheme's groups
+    and their vocabulary projection in 8-bit groups, the target in float32: the output is the
+    target's, the drafts still good; all heads' rows go through the projection in one call."""
+    from minillm.quantization import QuantizedLinear
+
+    prompts, want, heads = fitted
+    engine = _engine(speculative={"method": "medusa", "heads": heads, "num_speculative_tokens": 3,
+                                  "quantization": scheme, "disable_by_batch_size": None})
+    drafting = engine.speculator.drafter.heads
+    assert all(isinstance(q, QuantizedLinear) for q in drafting.quantized)
+    assert drafting.quantized[0].fmt == {"int8": "int8_group", "q4": "q4_group"}[scheme]
+    assert isinstance(drafting.quantized_head, QuantizedLinear) and engine.model.quantized_head is None
+    assert _run(engine, prompts) == want
+    st = engine.spec_stats
+    assert st.num_drafts > 0 and st.acceptance_rate > 0.5, st.as_dict()
+    h = torch.randn(3, heads.hidden_size, generator=torch.Generator().manual_seed(1))
+    together = drafting(h)
+    for k in range(heads.num_heads):  # one call for every head equals each head alone, bit for bit
+        assert torch.equal(together[k], drafting.head_logits(h, k))
+    float_logits = heads(h)
+    assert 0 < (together - float_logits).abs().max() < 0.1 * float_logits.abs().max()
+
+
+def test_quantized_heads_share_a_quantized_targets_head(fitted):
+    prompts, want, heads = fitted
+    engine = _engine(quantization="int8", speculative={"method": "medusa", "heads": heads, "num_speculative_tokens": 3,
+                                                       "quantization": "int8", "disable_by_batch_size": None})
+    assert engine.speculator.drafter.heads.quantized_head is engine.model.quantized_head
+    plain = _engine(quantization="int8")
+    assert _run(engine, prompts) == _run(plain, prompts)
+
+
 @pytest.mark.parametrize("kwargs", [{"enable_chunked_prefill": True, "max_num_batched_tokens": 8},
                                     {"num_blocks": 10, "max_model_len": 64}], ids=["chunked-prefill", "preemption"])
 def test_medusa_chain_is_exact_with_chunked_prefill_and_preemption(fitted, kwargs):

@@ -278,9 +278,10 @@ def test_a_quantized_self_draft_keeps_the_targets_layers_and_its_output(scheme):
     assert spec.speculator.stats.num_drafts > 0
 
 
-def test_speculative_quantization_is_an_option_of_the_model_method():
-    with pytest.raises(ValueError, match="options of the 'model' method"):
+def test_speculative_quantization_is_an_option_of_the_drafting_methods():
+    with pytest.raises(ValueError, match="quantization is an option of the 'model' and 'medusa' methods"):
         EngineConfig(engine="paged", speculative={"method": "ngram", "quantization": "int8"})
+    EngineConfig(engine="paged", speculative={"method": "medusa", "quantization": "q4"})
     with pytest.raises(ValueError, match="speculative quantization must be"):
         EngineConfig(engine="paged", speculative={"method": "model", "draft_layers": [0], "quantization": "fp8"})
 

@@ -272,7 +272,10 @@ def medusa_heads(spec: SpeculativeConfig, target: nn.Module, device: torch.devic
     elif spec.num_speculative_tokens > heads.num_heads:
         raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens} but the Medusa heads are "
                          f"{heads.num_heads}: one draft per head, so at most {heads.num_heads}")
-    return heads.to(device=device, dtype=dtype)
+    heads = heads.to(device=device, dtype=dtype)
+    if spec.quantization:  # after the move: the quantized layers keep their own dtypes
+        heads.quantize(spec.quantization, head=getattr(target, "quantized_head", None))
+    return heads
 
 
 def build_drafter(spec: SpeculativeConfig, target: nn.Module, num_blocks: int, block_size: int,

@@ -71,6 +71,8 @@ class MedusaHeads(nn.Module):
         self.bias = nn.Parameter(torch.zeros(num_heads, hidden))
         self.register_buffer("embedding", embedding.detach(), persistent=False)
         self.metadata: dict[str, Any] = {}  # what ``load`` read from the file
+        self.quantized: nn.ModuleList | None = None  # W_k in fewer bits (``quantize``), or None
+        self.quantized_head: nn.Module | None = None  # the vocabulary projection in 8-bit groups, or None
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, hidden_size={self.hidden_size}, vocab_size={self.vocab_size}"
@@ -92,6 +94,8 @@ class MedusaHeads(nn.Module):
         self._check_hidden(hidden)
         (k,) = self._heads([k])
         h = hidden.to(self.weight.dtype)
+        if self.quantized is not None:
+            return h + F.silu(self.quantized[k](h) + self.bias[k])
         if h.is_inference() and torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
             h = h.clone()  # hidden states of an inference_mode forward: a plain copy autograd may save
         return h + F.silu(F.linear(h, self.weight[k], self.bias[k]))
@@ -99,12 +103,39 @@ class MedusaHeads(nn.Module):
     def head_logits(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
         """Head k's float32 logits [..., vocab] over hidden states [..., hidden]."""
         r = self.residual(hidden, k)
+        if self.quantized_head is not None:
+            return self.quantized_head(r).float()
         return F.linear(r, self.embedding.to(r.dtype)).float()
 
     def forward(self, hidden: torch.Tensor, heads: Sequence[int] | None = None) -> torch.Tensor:
         """[N, hidden] -> float32 logits [len(heads), N, vocab] (all K heads by default);
         head k's row t predicts the token at t + 2 + k."""
-        return torch.stack([self.head_logits(hidden, k) for k in self._heads(heads)])
+        heads = self._heads(heads)
+        if self.quantized_head is not None and hidden.dim() == 2:
+            # every head's rows in one call: the kernel reads the vocabulary projection once, not once a head
+            r = torch.cat([self.residual(hidden, k) for k in heads])
+            return self.quantized_head(r).float().view(len(heads), hidden.shape[0], self.vocab_size)
+        return torch.stack([self.head_logits(hidden, k) for k in heads])
+
+    @torch.no_grad()
+    def quantize(self, scheme: str, head: nn.Module | None = None) -> "MedusaHeads":
+        """Draft with the heads' matrices in ``scheme`` ("int8" or "q4", ``minillm/quantization.py``),
+        on the CPU kernels: each W_k in the scheme's groups, and the vocabulary projection in
+        symmetric 8-bit groups as the engine quantizes its LM head (``head``: a quantized LM head
+        to share, the target's when it is quantized itself; else one made from ``embedding``,
+        which holds the GGUF's 8-bit embedding exactly where it is float32). A step's heads then
+        read the projection once between them, in 8 bits. Training, ``loss`` and ``save`` keep
+        the float parameters; returns self."""
+        from minillm.quantization import LAYER_FORMAT, QuantizedLinear, check_scheme
+
+        check_scheme(scheme)
+        if scheme is None:
+            raise ValueError("quantize takes 'int8' or 'q4'")
+        fmt = LAYER_FORMAT[scheme]
+        self.quantized = nn.ModuleList(QuantizedLinear(self.weight[k].float(), fmt) for k in range(self.num_heads))
+        self.quantized_head = (head if head is not None
+                               else QuantizedLinear(self.embedding.float(), "int8_group", symmetric=True))
+        return self
 
     logits = forward
 
