@@ -233,10 +233,15 @@ class QuantizedLinear(nn.Module):
         """y [T, N] for rows x2 [T, K] on the CPU: the bound kernel, straight away. The CPU layers
         of ``model.Llama`` call this some 120 times a decode step, where the module's call and
         its checks would cost as much as a 4-bit layer's kernel; it takes the module's own path
-        while a learner's function is plugged in (chapter 11)."""
-        if seams.plugged("int8_gemv_triton") is not None or seams.plugged("dequantize_groups") is not None:
+        until the layer is bound (so a forward that never binds it, the Triton path's in
+        tests/test_quantization_triton.py, sees every call), and while a learner's function is plugged
+        in (chapter 11)."""
+        bound, buffers = self._bound, self._buffers
+        if (bound is None or seams.plugged("int8_gemv_triton") is not None
+                or seams.plugged("dequantize_groups") is not None
+                or not bound.holds(buffers["qweight"], buffers["scales"], buffers.get("mins"))):
             return self(x2)
-        return self._cpu_matmul(x2)  # the bound kernel checks x2 itself
+        return bound(x2)  # checks x2 itself
 
     def _cpu_matmul(self, x2: torch.Tensor) -> torch.Tensor:
         bound, buffers = self._bound, self._buffers  # (the buffers' dict: faster than nn.Module's attribute lookup)
