@@ -70,6 +70,23 @@ SEAMS: dict[str, Seam] = {s.name: s for s in [
          "quantization.QuantizedLinear.forward: the 8-bit group layers' CPU kernel"),
 ]}
 
+class SeamContractError(ValueError):
+    """A plugged function broke a rule the engine relies on; the engine stopped before acting on it.
+
+    The message names the seam (and the exercise it comes from), the engine step when the
+    call site knows it, the invariant in the contract's words, and what the function
+    returned, e.g. ``seam schedule_step (exercises/ch02_continuous_batching.py), step 4:
+    the rows must feed at most max_num_batched_tokens=64 tokens: they feed 67``. Raised
+    before anything changes, so the engine is left as it was: no block lost or leaked.
+    """
+
+    def __init__(self, seam: str, invariant: str, got: str, step: int | None = None):
+        self.seam, self.invariant, self.got, self.step = seam, invariant, got, step
+        where = SEAMS[seam].chapter if seam in SEAMS else "?"
+        at = f", step {step}" if step is not None else ""
+        super().__init__(f"seam {seam} (exercises/{where}.py){at}: {invariant}: {got}")
+
+
 _plugged: dict[str, Callable] = {}
 _inside: set[str] = set()  # seams whose plugged function is running right now
 
@@ -124,4 +141,4 @@ def seams_of(chapter: str) -> list[Seam]:
     return [s for s in SEAMS.values() if s.chapter.startswith(chapter[:4])]
 
 
-__all__ = ["Seam", "SEAMS", "plug", "plugged", "seams_of"]
+__all__ = ["Seam", "SEAMS", "SeamContractError", "plug", "plugged", "seams_of"]

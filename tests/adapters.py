@@ -32,6 +32,29 @@ def impl() -> str:
     return name
 
 
+# (chapter, name) -> a function that takes the place of ``<impl>.<chapter>.<name>``: the
+# mutation runner (tests/mutation.py) plugs a plausible wrong answer in here and checks
+# that the grader fails it. Empty when a learner grades their own code.
+_substitutes: dict[tuple[str, str], Callable[..., Any]] = {}
+# (chapter, name) -> node ids of the tests that called it, filled while ``recording``.
+calls: dict[tuple[str, str], set[str]] = {}
+recording = False
+
+
+def substitute(chapter: str, name: str, fn: Callable[..., Any] | None) -> None:
+    """Grade ``fn`` in place of ``<impl>.<chapter>.<name>`` (None: back to the file's own)."""
+    if fn is None:
+        _substitutes.pop((chapter, name), None)
+    else:
+        _substitutes[(chapter, name)] = fn
+
+
+def _record(chapter: str, name: str) -> None:
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    if test:
+        calls.setdefault((chapter, name), set()).add(test)
+
+
 def load(chapter: str) -> ModuleType:
     """The module ``exercises.<chapter>`` or ``solutions.<chapter>``, e.g. chapter="ch00_the_model"."""
     return importlib.import_module(f"{impl()}.{chapter}")
@@ -51,6 +74,10 @@ def function(chapter: str, name: str) -> Callable[..., Any]:
         # pytest.fail is called outside the except blocks so the report is one line,
         # not the learner's exception chained to ours.
         problem = None
+        if recording:
+            _record(chapter, name)
+        if (chapter, name) in _substitutes:
+            return _substitutes[(chapter, name)](*args, **kwargs)
         try:
             module = load(chapter)
         except ImportError:

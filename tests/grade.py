@@ -10,7 +10,9 @@ Run from the repository root:
 Under the table, each unfinished chapter lists the functions still to write (their stubs
 raise NotImplementedError) and why tests failed, one line per distinct reason, the first
 five reasons only. A reason says what was checked, what was expected and what came back,
-e.g. "rows of the step (...): expected [('a', 1), ('b', 2)], got [('a', 1)]". With ``-v``
+e.g. "rows of the step (...): expected [('a', 1), ('b', 2)], got [('a', 1)]", and the line
+under it the sentence of the contract that the test checks (the test's docstring).
+Tests run smallest case first, so the first reason is the smallest case that fails. With ``-v``
 every failing test gets its own line with its whole first line of reason, followed by up
 to three more lines of its failure message (both values whole, the contract, or the
 tensor comparison's report), and each function to write names the tests waiting on it.
@@ -48,6 +50,7 @@ class Chapter:
     outcome: dict[str, str] = field(default_factory=dict)  # test id -> passed | failed | skipped
     reason: dict[str, str] = field(default_factory=dict)  # test id -> first line of the failure
     more: dict[str, list[str]] = field(default_factory=dict)  # test id -> the lines after it
+    contract: dict[str, str] = field(default_factory=dict)  # test id -> the contract it checks (its docstring)
     errors: list[str] = field(default_factory=list)  # collection errors
 
     def tests(self, outcome: str) -> list[str]:
@@ -84,7 +87,11 @@ class Collector:
         for item in session.items:  # after -m deselection
             marker = item.get_closest_marker("exercises")
             points = marker.kwargs.get("points", 1) if marker else 1
-            self._chapter(str(item.path)).points[item.nodeid] = points
+            chapter = self._chapter(str(item.path))
+            chapter.points[item.nodeid] = points
+            doc = getattr(getattr(item, "function", None), "__doc__", None)
+            if doc:
+                chapter.contract[item.nodeid] = " ".join(doc.split())
 
     def pytest_collectreport(self, report) -> None:
         if report.failed:
@@ -225,6 +232,8 @@ def details(chapters: list[Chapter], impl: str, verbose: bool, limit: int = 5, m
         if verbose:
             for t in (t for tests in broken.values() for t in tests):
                 lines.append(f"  FAILED {t.split('::', 1)[-1]}: {ch.reason.get(t, 'failed')}")
+                if t in ch.contract:
+                    lines.append(f"      contract: {ch.contract[t]}")
                 lines += [f"      {line}" for line in ch.more.get(t, [])[:more_lines]]
         else:
             groups = list(broken.items())
@@ -232,6 +241,8 @@ def details(chapters: list[Chapter], impl: str, verbose: bool, limit: int = 5, m
                 names = [t.split("::", 1)[-1] for t in tests]
                 shown = names[0] if len(names) == 1 else f"{len(names)} tests ({', '.join(names[:2])}, ...)"
                 lines.append(f"  FAILED {shown}: {reason}")
+                if tests[0] in ch.contract:
+                    lines.append(f"      contract: {ch.contract[tests[0]]}")
             hidden = len(groups) - limit
             tests_with_more = sum(1 for tests in broken.values() for t in tests if ch.more.get(t))
             if hidden > 0:

@@ -132,8 +132,33 @@ def test_a_policy_the_engine_cannot_carry_out_is_a_clear_error():
     for p in tiny_prompts(2):
         eng.add_request(p, GREEDY)
     with seams.plug(schedule_step=overtakes):
-        with pytest.raises(ValueError, match="not the oldest waiting request"):
+        with pytest.raises(seams.SeamContractError, match=r"step 1: admissions take the oldest waiting requests"):
             eng.step()
+    # stopped before acting on it: nothing admitted, no block taken
+    assert not eng.scheduler.running and len(eng.scheduler.waiting) == 2
+    bm = eng.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_a_step_that_forgets_to_charge_the_decodes_stops_the_engine_at_the_step_it_overspends():
+    def decodes_uncharged(running, waiting, B, T):
+        running[:] = [r for r in running if not r.is_finished]
+        rows, budget = [(r, 1) for r in running], T  # wrong: the decodes are not charged
+        while waiting and len(running) < B and waiting[0].num_tokens <= budget:
+            r = waiting.popleft()
+            running.append(r)
+            rows.append((r, r.num_tokens))
+            budget -= r.num_tokens
+        return rows
+
+    a, b, c, d = tiny_prompts(4, seed=1)  # 8, 10, 12 and 14 tokens
+    prompts = [a[:8], b[:8], (c + d)[:15]]  # step 1 feeds 8 + 8; the 15 must wait while 2 decode
+    eng = tiny_engine(engine="continuous", max_num_seqs=3, max_num_batched_tokens=16)
+    for p in prompts:
+        eng.add_request(p, GREEDY)
+    with seams.plug(schedule_step=decodes_uncharged):
+        with pytest.raises(seams.SeamContractError, match=r"step 2: the rows feed at most max_num_batched_tokens=16"):
+            eng.run([])
 
 
 def test_block_seams_keep_the_engine_exact_under_preemption():

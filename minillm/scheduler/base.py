@@ -37,6 +37,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.clock: Callable[[], float] = time.perf_counter
         self.num_preemptions = 0  # requests sent back to waiting to free KV space
+        self.num_steps = 0  # steps updated so far: the one being scheduled is num_steps + 1
 
     # -- queue ------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -115,6 +116,7 @@ class Scheduler:
         step. Stops are checked on every token; the first one drops what follows.
         """
         now = self.clock() if now is None else now
+        self.num_steps += 1
         finished = []
         for i, row in enumerate(out.rows):
             r = row.request

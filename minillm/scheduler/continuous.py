@@ -18,28 +18,65 @@ from ..request import Request
 from .base import Scheduler, SchedulerOutput
 
 
-def apply_rows(sched: Scheduler, rows: list[tuple[Request, int]], out: SchedulerOutput, now: float) -> list[Request]:
+def apply_rows(sched: Scheduler, rows: list[tuple[Request, int]], out: SchedulerOutput, now: float,
+               seam: str = "schedule_step") -> list[Request]:
     """Carry out the rows a plugged-in scheduling step chose (``seams``) with the scheduler's own bookkeeping:
     a running request gets its row, a waiting one is admitted (KV blocks, queues, metrics).
-    Returns the admitted requests. A decision the engine cannot carry out is a ValueError
-    that names it, before anything changes for that row."""
-    admitted = []
+    Returns the admitted requests.
+
+    The rows are checked against the contract first, before anything changes: each row feeds
+    >= 1 token, no request has two rows, every running request decodes, the rows feed at
+    most ``max_num_batched_tokens`` tokens, at most ``max_num_seqs`` requests run, and
+    admissions take the oldest waiting requests in order. A broken rule is a
+    ``seams.SeamContractError`` naming it and the step; the engine is left as it was."""
+    step = sched.num_steps + 1
+
+    def broken(invariant: str, got: str) -> seams.SeamContractError:
+        return seams.SeamContractError(seam, invariant, got, step)
+
+    shown = [(getattr(r, "request_id", r), n) for r, n in rows]
+    seen: set[int] = set()
+    admitted_ahead = list(sched.waiting)
+    num_admitted = 0
     for r, n in rows:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"the plugged scheduling step gave request {r.request_id} a row of {n!r} tokens; rows feed >= 1 token")
+            raise broken("every row feeds at least 1 token", f"request {r.request_id} got {n!r} in {shown}")
+        if id(r) in seen:
+            raise broken("a request has at most one row a step", f"request {r.request_id} has two in {shown}")
+        seen.add(id(r))
+        if r in sched.running:
+            if n != 1:
+                raise broken("a running request decodes one token a step", f"request {r.request_id} got {n} in {shown}")
+            continue
+        whole = r.num_tokens - r.num_computed_tokens
+        if n != whole:
+            raise broken("an admitted request feeds its whole prompt",
+                         f"request {r.request_id} has {whole} tokens to feed, its row {n}")
+        if num_admitted >= len(admitted_ahead) or admitted_ahead[num_admitted] is not r:
+            raise broken("admissions take the oldest waiting requests, in order (first come, first served)",
+                         f"request {r.request_id} was admitted ahead of "
+                         f"{admitted_ahead[num_admitted].request_id if num_admitted < len(admitted_ahead) else 'nothing'}")
+        num_admitted += 1
+    missing = [r.request_id for r in sched.running if id(r) not in seen]
+    if missing:
+        raise broken("every running request decodes one token a step", f"no row for {missing} in {shown}")
+    tokens = sum(n for _, n in rows)
+    if tokens > sched.max_num_batched_tokens:
+        raise broken(f"the rows feed at most max_num_batched_tokens={sched.max_num_batched_tokens} tokens",
+                     f"they feed {tokens}: {shown}")
+    if len(sched.running) + num_admitted > sched.max_num_seqs:
+        raise broken(f"at most max_num_seqs={sched.max_num_seqs} requests run",
+                     f"{len(sched.running)} running + {num_admitted} admitted")
+    admitted = []
+    for r, n in rows:
         if r in sched.running:
             sched.add_row(r, n, out)
             continue
-        if not sched.waiting or sched.waiting[0] is not r:
-            raise ValueError(f"the plugged scheduling step admitted request {r.request_id}, which is not the oldest waiting request "
-                             f"(admission is first come, first served)")
         if not sched.can_admit(r, n):
-            raise ValueError(f"the plugged scheduling step admitted request {r.request_id} with no batch slot or KV space left for it")
+            raise broken("a request is admitted only when the KV space for it is free",
+                         f"request {r.request_id} ({n} tokens)")
         sched.admit(r, n, out, now)
         admitted.append(r)
-    if sum(row.num_new_tokens for row in out.rows) > sched.max_num_batched_tokens:
-        raise ValueError(f"the plugged scheduling step fed {sum(row.num_new_tokens for row in out.rows)} tokens in one step, over the "
-                         f"token budget max_num_batched_tokens={sched.max_num_batched_tokens}")
     return admitted
 
 

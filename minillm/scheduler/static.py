@@ -92,8 +92,8 @@ class StaticScheduler(Scheduler):
         rows = list(static_schedule(list(self.group), arrived_waiting(self, now), self.max_num_seqs,
                            self.max_num_batched_tokens))
         if self.group and any(r not in self.running for r, _ in rows):
-            raise ValueError("the plugged static_schedule admitted a request while the group still runs: a static group is "
-                             "closed until its last member finishes")
-        self.group.extend(apply_rows(self, rows, out, now))
+            raise seams.SeamContractError("static_schedule", "a static group is closed until its last member finishes",
+                                          "it admitted a request while the group still runs", self.num_steps + 1)
+        self.group.extend(apply_rows(self, rows, out, now, seam="static_schedule"))
         out.padded_width = max((row.num_new_tokens for row in out.rows), default=1)
         return out

@@ -126,6 +126,16 @@ def test_budget_and_fcfs():
     adapters.expect(_names(waiting), ["d", "e"], f"{what}: `waiting` after the step")
 
 
+def test_decodes_are_charged_to_the_budget():
+    """Contract 2-3: each running request's decode takes one token of the budget before any admission."""
+    running = [_running("a"), _running("b"), _running("c")]
+    waiting = deque([_req("d", 8)])
+    rows, what, before = _step(running, waiting, 8, 10)
+    # 3 decode tokens + 8 = 11 > 10: "d" waits, although its 8 tokens alone would fit
+    _expect_rows(rows, [("a", 1), ("b", 1), ("c", 1)], what, 8, 10, before)
+    adapters.expect(_names(waiting), ["d"], f"{what}: `waiting` after the step")
+
+
 def test_empty_queues():
     adapters.expect(_ids(schedule_step([], deque(), 4, 16)), [],
                     "schedule_step(nothing running, nothing waiting, max_num_seqs=4, budget 16): rows")
