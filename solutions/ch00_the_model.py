@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from minillm import model, sampling
+from minillm.course import quiz
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -68,5 +69,7 @@ def greedy_generate(forward: Callable[[list[int], int], torch.Tensor], prompt_id
 
 
 def quiz_answers() -> dict[str, str | float]:
-    """q1: 135e6 x 2 bytes / 27e9 B/s; q3: 2 (K and V) x 30 layers x 3 heads x 64 x 4 bytes."""
-    return {"q1": 10.0, "q2": "b", "q3": 46080, "q4": "c"}
+    """The reference answers, kept as digests like the questions' own (``quiz.sealed``): ``make grade`` says whether
+    yours is right. How to work them out: q1: the weights' bytes over the read bandwidth; q3: K and V, in every
+    layer, for every KV head, head_dim values of 2 bytes."""
+    return quiz.sealed("ch00")

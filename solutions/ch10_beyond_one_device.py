@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from minillm.distributed import sharding
+from minillm.course import quiz
 
 
 def shard_linear(weight: torch.Tensor, sizes: list[int], rank: int, parallel: str) -> torch.Tensor:
@@ -34,5 +35,7 @@ def allreduce_bytes_per_step(num_layers: int, hidden_size: int, num_tokens: int,
 
 
 def quiz_answers() -> dict[str, str | float]:
-    """q1: 2 x 30 layers x 576 x 100 tokens x 2 bytes (bfloat16); the number of ranks is not in it."""
-    return {"q1": 6_912_000, "q2": "b", "q3": "c", "q4": "a"}
+    """The reference answers, kept as digests like the questions' own (``quiz.sealed``): ``make grade`` says whether
+    yours is right. How to work them out: q1: the all-reduced activations of each layer's two all-reduces, for
+    every token, in bfloat16; count what one rank sends."""
+    return quiz.sealed("ch10")

@@ -2,9 +2,11 @@
 
 A learner answers in the chapter's exercise file (``quiz_answers()`` returns a dict
 question id -> answer) and ``make grade`` checks each answer. The right answers are not
-stored here in plain text: each question keeps a salted SHA-256 digest of its normalised
-answer, so reading this file does not give them away (a determined reader can still try
+stored in plain text anywhere, ``solutions/`` included: each question keeps a salted
+SHA-256 digest of its normalised answer, and the reference answers are those digests
+(``sealed``), so reading the code does not give them away (a determined reader can still try
 every choice; the point is that the answer is not printed before the question).
+tests/test_quiz.py searches everything a learner reads for a right answer in plain text.
 
 Normalisation: a choice is one letter ("b", "B" or "(b)" all read as "b"); a number is
 rounded to the question's ``decimals`` and written with that many decimals, so 9.96 and
@@ -59,6 +61,18 @@ def digest(chapter: str, qid: str, canonical: str) -> str:
     return hashlib.sha256(f"{_SALT}:{chapter}:{qid}:{canonical}".encode()).hexdigest()[:20]
 
 
+class Sealed(str):
+    """A reference answer kept as its digest: ``check`` compares it with the question's digest.
+
+    ``solutions/`` answers the questions this way (``sealed("ch02")``), so no right answer is
+    stored anywhere in plain text; a learner's answer is a letter or a number as usual."""
+
+
+def sealed(chapter: str) -> dict[str, Sealed]:
+    """The reference answers of ``chapter``'s questions, as digests: {"q1": Sealed(...), ...}."""
+    return {q.qid: Sealed(q.digest) for q in questions(chapter)}
+
+
 def _q(qid: str, text: str, digest_: str, choices: tuple[str, ...] = (), decimals: int | None = None) -> Question:
     return Question(qid, " ".join(text.split()), digest_, choices, decimals)
 
@@ -74,8 +88,9 @@ QUIZZES: dict[str, list[Question]] = {
             "the weights are read once per step and shared by every row, and reading them is most of the step",
             "8 requests fit in the CPU's 8 threads",
             "the KV cache of 8 requests is smaller than that of 1")),
-        _q("q3", """SmolLM2-135M has 30 layers, 3 KV heads and head_dim 64. How many bytes of KV cache does
-            one token take in fp32 (keys and values, every layer)?""", "bf660f29a7f1584657c4", decimals=0),
+        _q("q3", """Another Llama model has 24 layers, 4 KV heads and head_dim 64. How many bytes of KV cache
+            does one token take in bfloat16 (keys and values, every layer)?""", "9d7fd36373b57d6e24dc",
+           decimals=0),
         _q("q4", """With temperature 0 the sampler returns""", "7c02c31e139858fb35b9",
            ("a token drawn from softmax(logits)", "a token drawn uniformly from the top-p set",
             "the token with the largest logit", "the most frequent token of the prompt")),
@@ -218,9 +233,9 @@ QUIZZES: dict[str, list[Question]] = {
             does one verification emit on average? (2 decimals)""", "721ce3fe61717ee0efc0", decimals=2),
     ],
     "ch09": [
-        _q("q1", """SmolLM2-135M has 30 layers, 3 KV heads and head_dim 64. The host tier copies whole KV blocks
-            of 16 tokens, keys and values of every layer, in float32. How many bytes does offloading one block
-            copy?""", "c016d63ade395f1550a2", decimals=0),
+        _q("q1", """SmolLM2-1.7B has 24 layers, 32 KV heads and head_dim 64. The host tier copies whole KV
+            blocks of 16 tokens, keys and values of every layer, in bfloat16. How many bytes does offloading
+            one block copy?""", "f34cf3e759974730150a", decimals=0),
         _q("q2", """A returning user's prefix is found in the host tier: its blocks are copied back to the device
             instead of being recomputed. Why does the copy take less time than recomputing?""",
            "9db9973bc3085661ccc1",
@@ -316,6 +331,8 @@ def check(chapter: str, qid: str, answer: Any) -> tuple[bool, str]:
     q = question(chapter, qid)
     if answer is None:
         return False, f"{qid}: not answered (add {qid!r} to the dict quiz_answers() returns)"
+    if isinstance(answer, Sealed):
+        return (True, f"{qid}: correct") if answer == q.digest else (False, f"{qid}: the sealed answer is not this question's")
     try:
         canonical = normalise(q, answer)
     except ValueError as e:
