@@ -111,20 +111,27 @@ def run_in_engine(lab, chapter: str, names: list[str], engine: str, workload, re
     """The real engine on ``workload`` with the learner's functions ``names`` plugged into
     their seams (``minillm/seams.py``), next to the library's own run (``reference``, run
     here when not given). Prints whose code ran and whether the greedy tokens and the step
-    schedule are identical; returns (reference, yours), two ``RunResult``s to chart."""
+    schedule are identical; then runs the chapter's edge cases (``minillm/course/edges``:
+    budgets that bind, prompts that end on a block edge, preemption, ...), where a plausible
+    mistake shows even when this workload does not reach it. Returns (reference, yours), two
+    ``RunResult``s to chart; ``yours.extra`` holds ``same_tokens``, ``same_schedule`` and
+    ``same_at_the_edges``. A function that breaks a rule the engine relies on stops the run
+    with a ``seams.SeamContractError`` naming the rule and the step."""
     from minillm import seams
+    from minillm.course import edges
 
     fns = {n: mine(chapter, n) for n in names}
     if reference is None:
         reference = lab.run(engine, workload, progress=False, **options)
-    with seams.plug(**fns):
+    with seams.plug(**fns):  # a broken rule stops here with a SeamContractError that names it
         yours = lab.run(engine, workload, progress=False, **options)
     same_tokens = yours.output_token_ids == reference.output_token_ids
     same_schedule = schedule_of(yours.steps) == schedule_of(reference.steps)
     whose = ", ".join(f"{n} ({f.source})" for n, f in fns.items())
     print(f"{engine} engine with {whose}: {len(yours.steps)} steps (library: {len(reference.steps)}); "
           f"tokens identical: {same_tokens}; schedule identical: {same_schedule}")
-    yours.extra.update(same_tokens=same_tokens, same_schedule=same_schedule)
+    problems = edges.report(chapter, fns)
+    yours.extra.update(same_tokens=same_tokens, same_schedule=same_schedule, same_at_the_edges=not problems)
     return reference, yours
 
 

@@ -89,6 +89,7 @@ def _step(running, waiting, B, T):
 
 
 def test_decodes_then_admissions():
+    """Contract 2-3: running requests decode first, then waiting ones are admitted, popped from `waiting` and marked RUNNING."""
     running = [_running("a"), _running("b")]
     waiting = deque([_req("c", 5), _req("d", 3)])
     rows, what, before = _step(running, waiting, 4, 64)
@@ -100,6 +101,7 @@ def test_decodes_then_admissions():
 
 
 def test_finished_requests_leave_and_free_their_slot():
+    """Contract 1: finished requests leave `running` first, and their slot is free in the same step."""
     done = _running("a")
     done.status = RequestStatus.FINISHED
     running = [done, _running("b")]
@@ -110,6 +112,7 @@ def test_finished_requests_leave_and_free_their_slot():
 
 
 def test_max_num_seqs_caps_the_batch():
+    """Contract 3: admission stops once max_num_seqs requests run."""
     running = [_running("a")]
     waiting = deque([_req("b", 2), _req("c", 2), _req("d", 2)])
     rows, what, before = _step(running, waiting, 3, 64)
@@ -118,6 +121,7 @@ def test_max_num_seqs_caps_the_batch():
 
 
 def test_budget_and_fcfs():
+    """Contract 3-4: a prompt is admitted only if it fits what is left of the budget; nobody overtakes the head of the queue."""
     running = [_running("a"), _running("b")]
     waiting = deque([_req("c", 7), _req("d", 9), _req("e", 1)])
     rows, what, before = _step(running, waiting, 8, 10)
@@ -137,6 +141,7 @@ def test_decodes_are_charged_to_the_budget():
 
 
 def test_empty_queues():
+    """Nothing running and nothing waiting: a step with no rows."""
     adapters.expect(_ids(schedule_step([], deque(), 4, 16)), [],
                     "schedule_step(nothing running, nothing waiting, max_num_seqs=4, budget 16): rows")
 
@@ -169,6 +174,7 @@ def _simulate_ref(prompts, outputs, B, T):
 
 
 def test_schedule_step_drives_a_whole_run():
+    """The contract, step after step over a whole run: every step's rows are the rule's rows."""
     rng = random.Random(0)
     for _ in range(15):
         n = rng.randint(1, 10)
@@ -202,6 +208,7 @@ def test_schedule_step_drives_a_whole_run():
 
 
 def test_continuous_num_steps_example():
+    """The docstring's example: a finished request frees its slot for the next step."""
     for B, want in ((2, 820), (4, 800)):
         adapters.expect(continuous_num_steps([4] * 4, [20, 20, 800, 20], B, 64), want,
                         f"continuous_num_steps(prompts [4, 4, 4, 4], outputs [20, 20, 800, 20], max_num_seqs={B}, "
@@ -209,6 +216,7 @@ def test_continuous_num_steps_example():
 
 
 def test_continuous_num_steps_random():
+    """Steps of a whole offline run under schedule_step's rule, on random workloads."""
     rng = random.Random(3)
     for _ in range(30):
         n = rng.randint(1, 14)
@@ -220,6 +228,7 @@ def test_continuous_num_steps_random():
 
 
 def test_continuous_beats_static_on_skewed_lengths():
+    """With one long output in every eight, continuous batching needs far fewer steps than static groups."""
     outputs = [20] * 7 + [800]
     steps = continuous_num_steps([8] * 32, outputs * 4, 8, 256)
     static_steps = 4 * 800
@@ -261,6 +270,7 @@ CASES = [
 @pytest.mark.parametrize("engine", ["static", "continuous"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_predict_makespan_matches_the_simulated_engine(engine, case):
+    """The makespan is the sum of the step times of the engine's rules, static and continuous."""
     prompt_lens, output_lens, B = CASES[case]
     for k, cost in enumerate(_cost_models()):
         want = _simulated(prompt_lens, output_lens, B, engine, cost)
@@ -271,6 +281,7 @@ def test_predict_makespan_matches_the_simulated_engine(engine, case):
 
 
 def test_predict_makespan_random_workloads():
+    """The makespan of random workloads, static and continuous, equals the engine's on a virtual clock."""
     rng = random.Random(7)
     cost = _cost_models()[0]
     for _ in range(6):
@@ -287,6 +298,7 @@ def test_predict_makespan_random_workloads():
 
 
 def test_pick_engine_agrees_with_the_simulated_engines():
+    """The engine that finishes first by predict_makespan; a tie within 0.1% goes to static."""
     rng = random.Random(11)
     cost = _cost_models()[0]
     cases = CASES + [([rng.randint(4, 30) for _ in range(8)], [rng.choice([2, 3, 40]) for _ in range(8)], 4)]
@@ -311,6 +323,7 @@ def test_pick_engine_agrees_with_the_simulated_engines():
 
 @pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
 def test_quiz(qid):
+    """Each question's answer, checked against its digest."""
     answers = quiz_answers()
     adapters.expect_that(isinstance(answers, dict), "quiz_answers()", "a dict of answers", type(answers).__name__)
     ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
