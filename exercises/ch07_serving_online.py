@@ -32,6 +32,9 @@ def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
 
     Hints: ``random.Random(seed)`` gives a generator of your own (do not reseed the global
     one); ``rng.expovariate(rate)`` draws one gap; so does ``-math.log(1 - rng.random()) / rate``.
+    Drawn that way, gap after gap, your arrivals are the library's to the last bit, so the
+    chapter's run with your function plugged in can be compared with the library's step by
+    step; any other correct generator passes the grader but not that comparison.
 
     Answer, after you try: ``minillm/bench/loadgen.py``, ``poisson_arrivals``.
     """

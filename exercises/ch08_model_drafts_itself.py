@@ -115,7 +115,8 @@ def multi_candidate_rule(p: torch.Tensor, child_tokens: list[int]) -> tuple[torc
         the order;
       - ``residual``: the distribution of the token emitted when no child is taken:
         p with the children's tokens set to 0, renormalized; if that leaves no mass (the
-        children hold all of p), return p itself (that case is never reached);
+        children hold all of p, as when a greedy row's argmax is a child), return p itself:
+        the walk then gives the residual weight 0, but a 0 / 0 would put NaN into the draw;
       - together they are exact: sum_j move[j] one_hot(x_j) + (1 - sum_j move[j]) residual
         == p, so the token that comes out of this node is distributed as the target's.
 

@@ -123,6 +123,29 @@ def plugged_store_kv(mine, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tens
             raise ValueError(f"{NEEDS_INTERPRETER}. Here TRITON_INTERPRET is set, but the kernel was "
                              f"defined before it was ({type(e).__name__}: {e})") from e
         raise
+    _check_stored(k, v, k_cache, v_cache, slot_mapping)
+
+
+def _check_stored(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor) -> None:
+    """After a plugged ``store_kv_triton``, before any query attends: cache row ``slot_mapping[t]``
+    holds ``k[t]`` (``v[t]``) exactly, so wrong K/V never reaches the output unnoticed. Only the
+    written rows are read (a gather of T rows), not the whole cache."""
+    H, D = k_cache.shape[2], k_cache.shape[3]
+    slots = slot_mapping.long()
+    tokens = (slots >= 0).nonzero().flatten()  # [T'] the tokens that are not padding
+    rows = slots[tokens]
+    for name, src, cache in (("k", k, k_cache), ("v", v, v_cache)):
+        stored = cache.view(-1, H, D).index_select(0, rows)  # [T', H, D]
+        wrong = (stored != src.index_select(0, tokens)).flatten(1).any(1)  # [T']
+        if bool(wrong.any()):
+            i = int(wrong.nonzero()[0])
+            t, slot = int(tokens[i]), int(rows[i])
+            heads = (stored[i] != src[t]).any(-1).nonzero().flatten().tolist()
+            raise seams.SeamContractError(
+                "store_kv_triton", f"after the write, cache row slot_mapping[t] holds {name}[t]",
+                f"{int(wrong.sum())} of {len(rows)} tokens differ; first token {t} (slot {slot}): "
+                f"{name}_cache row {slot} differs from {name}[{t}] in heads {heads}")
 
 
 def _gather_slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -254,7 +277,8 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if n == 1 and decode_seam is not None:
             if meta.block_tables_list is None:
                 meta.block_tables_list = meta.block_tables.tolist()
-            out[s] = decode_seam(q[s], k_cache, v_cache, meta.block_tables_list[b], ctx, scale).to(q.dtype)
+            row = decode_seam(q[s], k_cache, v_cache, list(meta.block_tables_list[b]), ctx, scale)
+            out[s] = _checked_decode_row(row, q[s], ctx)
             continue
         k, v = _row_kv(k_cache, v_cache, meta, b)  # [Hkv, ctx, D] each
         # Calls are 4-D ([1, heads, queries, D]): that is the shape torch's fused CPU kernel
@@ -280,6 +304,22 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                                scale=scale, enable_gqa=True)
         out[s:s + n] = o[0].transpose(0, 1)
     return out
+
+
+def _checked_decode_row(got, q_row: torch.Tensor, context_len: int) -> torch.Tensor:
+    """A plugged ``paged_decode_attention``'s output for one decode row, checked before the layer
+    uses it: [Hq, D] as the query, and finite (attention over finite keys and values is a weighted
+    mean of the values; a NaN here would spread through every later layer)."""
+    call = f"paged_decode_attention(q [{q_row.shape[0]}, {q_row.shape[1]}], context_len {context_len})"
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(q_row.shape):
+        shown = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        raise seams.SeamContractError("paged_decode_attention", "the output is [Hq, D], as the query",
+                                      f"{call} returned {shown}")
+    if not bool(torch.isfinite(got).all()):
+        bad = int((~torch.isfinite(got)).sum())
+        raise seams.SeamContractError("paged_decode_attention", "the output is finite (a softmax-weighted mean "
+                                      "of the values)", f"{call} returned {bad} of {got.numel()} values inf or NaN")
+    return got.to(q_row.dtype)
 
 
 def cpu_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

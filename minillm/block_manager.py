@@ -65,8 +65,26 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     """Blocks that hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""
     mine = seams.plugged("blocks_needed")  # a learner's version (chapter 3), when plugged in
     if mine is not None:
-        return mine(num_tokens, block_size)
+        return _checked_blocks_needed(mine(num_tokens, block_size), num_tokens, block_size)
     return -(-num_tokens // block_size)
+
+
+def _checked_blocks_needed(got: Any, num_tokens: int, block_size: int) -> int:
+    """A plugged ``blocks_needed``'s answer, checked before a table is sized by it: one block too
+    few and a step writes K/V past the end of its table, one too many holds a block nobody fills."""
+    call = f"blocks_needed({num_tokens}, {block_size})"
+    try:
+        if isinstance(got, bool):
+            raise TypeError
+        got = operator.index(got)
+    except TypeError:
+        raise seams.SeamContractError("blocks_needed", "the answer is an int",
+                                      f"{call} returned {_short(got)}") from None
+    if got * block_size < num_tokens or (got - 1) * block_size >= num_tokens:
+        raise seams.SeamContractError(
+            "blocks_needed", "the answer is the fewest blocks that hold the tokens, ceil(num_tokens / block_size)",
+            f"{call} returned {got}, which holds {got * block_size} tokens")
+    return got
 
 
 def slots_for(block_ids: list[int], block_size: int, start: int, end: int) -> list[int]:
@@ -76,8 +94,33 @@ def slots_for(block_ids: list[int], block_size: int, start: int, end: int) -> li
     """
     mine = seams.plugged("slot_mapping")  # a learner's version (chapter 3), when plugged in
     if mine is not None:
-        return [int(x) for x in mine(block_ids, block_size, start, end)]
+        return _checked_slots(mine(list(block_ids), block_size, start, end), block_ids, block_size, start, end)
     return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def _checked_slots(got: Any, block_ids: list[int], block_size: int, start: int, end: int) -> list[int]:
+    """A plugged ``slot_mapping``'s answer, checked before any K/V is written there: a slot outside
+    the request's own blocks would overwrite another request's K/V (or a free block's)."""
+    call = f"slot_mapping(block_table {_short(block_ids)}, block_size {block_size}, start {start}, end {end})"
+
+    def broken(invariant: str, what: str) -> seams.SeamContractError:
+        return seams.SeamContractError("slot_mapping", invariant, f"{call} returned {what}")
+
+    try:
+        slots = _block_ids(got)
+    except TypeError:
+        raise broken("the answer is a list of ints", _short(got)) from None
+    if len(slots) != end - start:
+        raise broken("one slot per position start .. end-1", f"{len(slots)} slots for {end - start} positions: "
+                                                              f"{_short(slots)}")
+    held = set(block_ids)
+    for p, s in zip(range(start, end), slots):
+        if s < 0 or s // block_size not in held:
+            raise broken("every slot lies in a block of the request's table",
+                         f"slot {s} for position {p}: block {s // block_size}, not in the table")
+    if len(set(slots)) != len(slots):
+        raise broken("two positions never share a slot", _short(slots))
+    return slots
 
 
 def hash_block_tokens(parent_hash: int, token_ids: Sequence[int]) -> int:
@@ -227,10 +270,7 @@ class BlockAllocator:
         else:
             mine = seams.plugged("allocate_blocks")  # a learner's free list (chapter 3); no cached blocks
             if mine is not None:
-                free = list(self.free_ids)
-                ids = [int(b) for b in mine(free, self.ref_counts, n)]
-                self.free_ids = deque(free)
-                return ids
+                return self._allocate_blocks_plugged(mine, n)
         ids = []
         for _ in range(n):
             if self.free_ids:
@@ -249,32 +289,38 @@ class BlockAllocator:
         The function gets copies of the free list and of the evictable pool (least
         recently used first) and returns ``(blocks, evicted)``. Its answer is checked
         before anything changes: ``n`` distinct blocks, each one offered, ``evicted``
-        exactly the ones taken from the pool, in order. A wrong answer is a ValueError
-        and the allocator is left as it was (no block lost, none handed out twice).
+        exactly the ones taken from the pool, in order. A wrong answer is a
+        ``seams.SeamContractError`` and the allocator is left as it was (no block lost,
+        none handed out twice).
         """
         free, pool = list(self.free_ids), list(self.evictable)
         got = mine(list(free), list(pool), n)
-        where = "allocate_with_eviction (exercises/ch06_prefix_and_priority.py)"
+
+        def broken(invariant: str, what: str) -> seams.SeamContractError:
+            return seams.SeamContractError("allocate_with_eviction", invariant, what)
+
         try:
             blocks, evicted = got
             blocks, evicted = _block_ids(blocks), _block_ids(evicted)
         except (TypeError, ValueError):
-            raise ValueError(f"{where} must return (blocks, evicted), two lists of block ids; "
-                             f"got {_short(got)}") from None
+            raise broken("it must return (blocks, evicted), two lists of block ids", f"got {_short(got)}") from None
+        offered = f"free_ids {_short(free)}, evictable {_short(pool)}"
         if len(blocks) != n:
-            raise ValueError(f"{where} returned {len(blocks)} blocks for n={n}: {_short(blocks)}")
+            raise broken(f"it hands out exactly n={n} blocks", f"returned {len(blocks)} blocks for n={n}: "
+                                                                f"{_short(blocks)}")
         free_set, pool_set, seen = set(free), set(pool), set()
         for b in blocks:
             if b in seen:
-                raise ValueError(f"{where} returned block {b} twice: {_short(blocks)}")
+                raise broken("no block is handed out twice", f"returned block {b} twice: {_short(blocks)}")
             if b not in free_set and b not in pool_set:
-                raise ValueError(f"{where} returned block {b}, which it was not offered (not free): "
-                                 f"free_ids {_short(free)}, evictable {_short(pool)}")
+                raise broken("every block handed out was free (in free_ids or evictable)",
+                             f"returned block {b}, which it was not offered (not free): {offered}")
             seen.add(b)
         want = [b for b in blocks if b in pool_set]
         if evicted != want:
-            raise ValueError(f"{where} returned evicted={_short(evicted)}, but the blocks it took from the "
-                             f"evictable pool are {_short(want)}: evicted lists exactly those, in the order taken")
+            raise broken("evicted lists exactly the blocks taken from the evictable pool, in the order taken",
+                         f"returned evicted={_short(evicted)}, but the blocks it took from the evictable pool "
+                         f"are {_short(want)}")
         if len(want) < n:  # some came from the free list
             self.free_ids = deque(b for b in self.free_ids if b not in seen)
         for b in blocks:
@@ -338,20 +384,82 @@ class BlockAllocator:
     def free(self, block_id: int) -> None:
         """Drop one holder; the block is free again when nobody holds it (evictable if cached)."""
         self._check_id(block_id)
-        mine = seams.plugged("free_blocks")  # a learner's free list (chapter 3); not for cached blocks
-        if mine is not None and self.block_hash[block_id] is None:
-            free = list(self.free_ids)
-            mine(free, self.ref_counts, [block_id])
-            self.free_ids = deque(free)
-            return
         if self.ref_counts[block_id] == 0:
             raise ValueError(f"double free of block {block_id}: it is already free")
+        mine = seams.plugged("free_blocks")  # a learner's free list (chapter 3); not for cached blocks
+        if mine is not None and self.block_hash[block_id] is None:
+            return self._free_blocks_plugged(mine, block_id)
         self.ref_counts[block_id] -= 1
         if self.ref_counts[block_id] == 0:
             if self.block_hash[block_id] is not None:
                 self.evictable[block_id] = self.clock()  # most recently used: evicted last
             else:
                 self.free_ids.append(block_id)
+
+    def _allocate_blocks_plugged(self, mine: Callable, n: int) -> list[int]:
+        """``allocate`` through a plugged ``allocate_blocks(free_list, ref_counts, n)``, run on copies
+        of both lists. Its answer is checked before anything changes: ``n`` distinct blocks, each one
+        free, each now held once, taken off the free list with the others left in their order. A
+        wrong answer is a ``seams.SeamContractError``: no block is lost or handed out twice."""
+        free, counts = list(self.free_ids), list(self.ref_counts)
+        got = mine(free, counts, n)
+        call = f"allocate_blocks(free list {_short(list(self.free_ids))}, n={n})"
+
+        def broken(invariant: str, what: str) -> seams.SeamContractError:
+            return seams.SeamContractError("allocate_blocks", invariant, f"{call} {what}")
+
+        try:
+            ids = _block_ids(got)
+        except TypeError:
+            raise broken("it returns a list of block ids", f"returned {_short(got)}") from None
+        if len(ids) != n:
+            raise broken(f"it hands out exactly n={n} blocks", f"returned {len(ids)}: {_short(ids)}")
+        offered, taken = set(self.free_ids), set(ids)
+        if len(taken) != n:
+            raise broken("no block is handed out twice", f"returned {_short(ids)}")
+        if not taken <= offered:
+            raise broken("every block handed out was free (on the free list)",
+                         f"returned {_short(ids)}: {_short(sorted(taken - offered))} not free")
+        rest = [b for b in self.free_ids if b not in taken]
+        if free != rest:
+            raise broken("the blocks handed out leave the free list, the others stay in their order",
+                         f"returned {_short(ids)} and left the free list {_short(free)}")
+        if any(counts[b] != 1 for b in ids):
+            raise broken("each block handed out has reference count 1",
+                         f"returned {_short(ids)} with counts {[counts[b] for b in ids]}")
+        if any(counts[b] != c for b, c in enumerate(self.ref_counts) if b not in taken):
+            changed = [b for b, c in enumerate(self.ref_counts) if b not in taken and counts[b] != c]
+            raise broken("no other block's reference count changes", f"changed the counts of blocks {changed}")
+        self.free_ids = deque(free)
+        for b in ids:
+            self.ref_counts[b] = 1
+        return ids
+
+    def _free_blocks_plugged(self, mine: Callable, block_id: int) -> None:
+        """``free`` through a plugged ``free_blocks(free_list, ref_counts, [block_id])``, run on copies
+        of both lists and checked before anything changes: the block's count drops by one, no other
+        count moves, and the free list gains the block exactly when its count reaches 0 (and loses
+        none). A wrong answer is a ``seams.SeamContractError``: no block leaks or is handed out twice."""
+        free, counts = list(self.free_ids), list(self.ref_counts)
+        mine(free, counts, [block_id])
+        before = self.ref_counts[block_id]
+        call = f"free_blocks(free list {_short(list(self.free_ids))}, blocks [{block_id}] of count {before})"
+
+        def broken(invariant: str, what: str) -> seams.SeamContractError:
+            return seams.SeamContractError("free_blocks", invariant, f"{call} {what}")
+
+        if counts[block_id] != before - 1:
+            raise broken("freeing drops one reference to the block", f"left its count at {counts[block_id]}")
+        if counts != self.ref_counts[:block_id] + [before - 1] + self.ref_counts[block_id + 1:]:
+            changed = [b for b, c in enumerate(self.ref_counts) if b != block_id and counts[b] != c]
+            raise broken("no other block's reference count changes", f"changed the counts of blocks {changed}")
+        want = list(self.free_ids) + ([block_id] if before == 1 else [])
+        if sorted(free) != sorted(want):
+            rule = ("a block whose count reaches 0 goes back on the free list" if before == 1 else
+                    "a block still held by another table stays off the free list")
+            raise broken(f"{rule}; the other free blocks stay", f"left the free list {_short(free)}")
+        self.free_ids = deque(free)
+        self.ref_counts[block_id] = before - 1
 
     def _check_id(self, block_id: int) -> None:
         if isinstance(block_id, bool) or not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
@@ -502,27 +610,44 @@ class BlockManager:
         else:
             pool = list(a.evictable.items())  # LRU first
             on_host = {b for b, _ in pool if host.holds(a.block_hash[b])}
-            chosen = self._checked_offload_choice(mine(list(pool), set(on_host), now, host.idle_s), pool, on_host)
+            chosen = self._checked_offload_choice(mine(list(pool), set(on_host), now, host.idle_s), pool, on_host,
+                                                  now, host.idle_s)
         return sum(host.offload(b, a.block_hash[b], a.block_tokens[b], idle=True) for b in chosen)
 
     @staticmethod
-    def _checked_offload_choice(got: Any, pool: list[tuple[int, float]], on_host: set[int]) -> list[int]:
-        """What a plugged ``blocks_to_offload`` returned, checked: evictable blocks the host lacks, each once."""
-        where = "blocks_to_offload (exercises/ch09_operating_slos.py)"
+    def _checked_offload_choice(got: Any, pool: list[tuple[int, float]], on_host: set[int], now: float,
+                                idle_s: float) -> list[int]:
+        """What a plugged ``blocks_to_offload`` returned, checked before any copy is queued: evictable blocks
+        the host lacks, each once, each idle for ``idle_s`` or more, in the pool's (LRU) order. A wrong answer
+        is a ``seams.SeamContractError``."""
+
+        def broken(invariant: str, what: str) -> seams.SeamContractError:
+            return seams.SeamContractError("blocks_to_offload", invariant, what)
+
         try:
             chosen = _block_ids(got)
         except TypeError:
-            raise ValueError(f"{where} must return a list of block ids, got {_short(got)}") from None
-        offered, seen = {b for b, _ in pool}, set()
-        for b in chosen:
-            if b not in offered:
-                raise ValueError(f"{where} returned block {b}, which is not in the evictable pool "
-                                 f"{_short([x for x, _ in pool])}")
+            raise broken("it must return a list of block ids", f"got {_short(got)}") from None
+        freed_at = dict(pool)
+        position = {b: i for i, (b, _) in enumerate(pool)}
+        seen: set[int] = set()
+        for k, b in enumerate(chosen):
+            if b not in freed_at:
+                raise broken("every block is in the evictable pool",
+                             f"returned block {b}, which is not in the evictable pool {_short([x for x, _ in pool])}")
             if b in on_host:
-                raise ValueError(f"{where} returned block {b}, whose K/V the host tier already holds: "
-                                 "copy only blocks it lacks")
+                raise broken("copy only blocks the host tier lacks",
+                             f"returned block {b}, whose K/V the host tier already holds")
             if b in seen:
-                raise ValueError(f"{where} returned block {b} twice: {_short(chosen)}")
+                raise broken("each block is copied once", f"returned block {b} twice: {_short(chosen)}")
+            if now - freed_at[b] < idle_s:
+                raise broken(f"a block is copied once it is idle (now - freed_at >= idle_s = {idle_s:g} s)",
+                             f"returned block {b}, freed at {freed_at[b]:.6g}, idle {now - freed_at[b]:.6g} s at "
+                             f"now {now:.6g}")
+            if k and position[b] < position[chosen[k - 1]]:
+                raise broken("the blocks come in the pool's order (least recently freed first)",
+                             f"returned block {b} after block {chosen[k - 1]}, which was freed later: "
+                             f"{_short(chosen)}")
             seen.add(b)
         return chosen
 
@@ -593,31 +718,36 @@ class BlockManager:
         The function gets a copy of the tokens and a read-only view of the hash table.
         Every block it returns is checked against the table before the request may share
         it: at most ``max_blocks`` blocks, block ``i`` holding the hash of the prompt's
-        block ``i``. A wrong answer is a ValueError naming the seam (never wrong K/V). A
-        block whose hash matches but whose stored tokens differ (a hash collision) ends
-        the run there, a miss, as in the library's lookup.
+        block ``i`` (so the run is chained from the first block and stops at a miss). A
+        wrong answer is a ``seams.SeamContractError`` (never wrong K/V). A block whose
+        hash matches but whose stored tokens differ (a hash collision) ends the run
+        there, a miss, as in the library's lookup.
         """
         a, bs = self.allocator, self.block_size
         tokens = list(request.all_token_ids)
         got = mine(list(tokens), bs, MappingProxyType(a.cached), max_blocks)
-        where = "longest_cached_prefix (exercises/ch06_prefix_and_priority.py)"
+        rid = getattr(request, "request_id", request)
+
+        def broken(invariant: str, what: str) -> seams.SeamContractError:
+            return seams.SeamContractError("longest_cached_prefix", invariant, what)
+
         try:
             hit = _block_ids(got)
         except TypeError:
-            raise ValueError(f"{where} must return a list of block ids, got {_short(got)}") from None
-        rid = getattr(request, "request_id", request)
+            raise broken("it must return a list of block ids", f"got {_short(got)}") from None
         if len(hit) > max_blocks:
-            raise ValueError(f"{where} returned {len(hit)} blocks for request {rid!r} of {request.num_tokens} "
-                             f"tokens: at most max_blocks = {max_blocks} (the last prompt token is always "
-                             f"computed); got {_short(hit)}")
+            raise broken(f"at most max_blocks = {max_blocks} blocks for request {rid!r} of {request.num_tokens} "
+                         f"tokens (the last prompt token is always computed)",
+                         f"returned {len(hit)} blocks: {_short(hit)}")
         parent = ROOT_HASH
         for i, h in enumerate(block_hashes(tokens, bs, len(hit))):
             b = hit[i]
             if not 0 <= b < a.num_blocks or a.block_hash[b] != h:
                 holder = a.cached.get(h)
                 truth = "is not cached: the run stops there" if holder is None else f"is cached in block {holder}"
-                raise ValueError(f"{where} returned block {b} at position {i} for request {rid!r}, but that "
-                                 f"block does not hold the prompt's block {i} (which {truth}); got {_short(hit)}")
+                raise broken("block i of the answer holds the prompt's block i, chained from the blocks before it",
+                             f"returned block {b} at position {i} for request {rid!r}, but that block does not "
+                             f"hold the prompt's block {i} (which {truth}); got {_short(hit)}")
             if a.block_tokens[b] != tuple(tokens[i * bs:(i + 1) * bs]):
                 return hit[:i]  # a hash collision: a miss, never wrong K/V
             parent = h
@@ -707,7 +837,14 @@ class BlockManager:
         if table is None and request.block_ids:
             raise ValueError(f"request {getattr(request, 'request_id', request)!r} holds blocks "
                              f"{request.block_ids} that this manager did not give it")
-        new = self.allocator.allocate(self.blocks_to_grow(request, num_tokens))
+        try:
+            new = self.allocator.allocate(self.blocks_to_grow(request, num_tokens))
+        except seams.SeamContractError:
+            # A plugged allocator broke its contract while a request was being admitted: it holds
+            # an empty table, so aborting it (engine.run does) frees nothing and raises nothing new.
+            if table is None:
+                self.tables[request] = request.block_ids
+            raise
         if table is None:
             self.tables[request] = table = request.block_ids
         table.extend(new)
@@ -743,7 +880,7 @@ class BlockManager:
             raise ValueError(f"num_tokens must be an integer >= 0, got {num_tokens!r}")
         mine = seams.plugged("rollback_blocks")  # a learner's roll-back (chapter 5), when plugged in
         if mine is not None:
-            freed = [int(b) for b in mine(table, num_tokens, self.block_size)]  # trims table in place
+            freed = self._shrink_plugged(mine, request, table, num_tokens)
         else:
             keep = blocks_needed(num_tokens, self.block_size)
             freed = table[keep:]
@@ -752,6 +889,27 @@ class BlockManager:
             self._num_registered[request] = min(self._num_registered[request], len(table))
         for b in reversed(freed):
             self.allocator.free(b)
+        return freed
+
+    def _shrink_plugged(self, mine: Callable, request: Any, table: list[int], num_tokens: int) -> list[int]:
+        """A learner's roll-back, run on a copy of the table and checked before any block goes back:
+        the kept tokens' K/V stays, and what is freed is exactly the tail past it, each block once."""
+
+        def broken(invariant: str, got: str) -> seams.SeamContractError:
+            return seams.SeamContractError("rollback_blocks", invariant, got)
+
+        keep = -(-num_tokens // self.block_size)  # arithmetic, not blocks_needed: that may be a plugged seam too
+        trimmed = list(table)
+        freed = [int(b) for b in mine(trimmed, num_tokens, self.block_size)]
+        where = (f"request {getattr(request, 'request_id', request)!r} keeps {num_tokens} tokens "
+                 f"(block size {self.block_size}) of its table {table}")
+        if trimmed != table[:keep]:
+            raise broken(f"the table is trimmed in place to the {keep} blocks the kept tokens need",
+                         f"{where}: the table becomes {trimmed}")
+        if freed != table[keep:]:
+            raise broken("the blocks returned are the ones removed from the end, in table order",
+                         f"{where}: it returns {freed}, removed {table[keep:]}")
+        del table[keep:]  # in place: request.block_ids is the same list object
         return freed
 
     def holds(self, request: Any) -> bool:

@@ -124,6 +124,49 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
+def _same_layout(seam: str, out, x: torch.Tensor) -> None:
+    """A plugged forward seam returns a tensor of x's shape and dtype: the next layer reads it as such."""
+    if not isinstance(out, torch.Tensor):
+        raise seams.SeamContractError(seam, "it returns a tensor of x's shape and dtype",
+                                      f"a {type(out).__name__} for x {list(x.shape)} {x.dtype}")
+    if out.shape != x.shape or out.dtype != x.dtype:
+        raise seams.SeamContractError(seam, "it returns a tensor of x's shape and dtype",
+                                      f"{list(out.shape)} {out.dtype} for x {list(x.shape)} {x.dtype}")
+
+
+def _checked_norm(out, x: torch.Tensor) -> torch.Tensor:
+    """A plugged ``rms_norm``'s answer, checked before the layer uses it (chapter 0's contract):
+    x's shape and dtype, and finite wherever x is (the statistics in float32 cannot overflow)."""
+    _same_layout("rms_norm", out, x)
+    bad = ~torch.isfinite(out) & torch.isfinite(x)
+    if bool(bad.any()):
+        raise seams.SeamContractError(
+            "rms_norm", "it returns finite values wherever x is finite (mean(x ** 2) taken in float32)",
+            f"{int(bad.sum())} of {out.numel()} values inf or NaN, x {list(x.shape)} {x.dtype} with |x| up to "
+            f"{float(x.abs().max()):.4g}")
+    return out
+
+
+def _plugged_rope(mine, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """A plugged ``apply_rope``, its answer checked before attention uses it (chapter 0's contract):
+    x's shape and dtype, and every head vector keeps its norm (a rotation does). The norms are
+    taken before the call, in case the function rotates x in place."""
+    before = x.float().norm(dim=-1)  # [T, H]
+    out = mine(x, cos, sin)
+    _same_layout("apply_rope", out, x)
+    after = out.float().norm(dim=-1)
+    rtol = 1e-4 if x.dtype in (torch.float32, torch.float64) else 2e-2
+    off = (after - before).abs() > 1e-5 + rtol * before
+    off |= ~torch.isfinite(after)
+    if bool(off.any()):
+        t, h = (int(i) for i in off.nonzero()[0])
+        raise seams.SeamContractError(
+            "apply_rope", "a rotation preserves the norm of every head vector",
+            f"token {t}, head {h}: norm {float(before[t, h]):.6g} before, {float(after[t, h]):.6g} after "
+            f"({int(off.sum())} of {off.numel()} head vectors changed norm)")
+    return out
+
+
 class RMSNorm(nn.Module):
     """``rms_norm``; with the Triton backend on a GPU, the Triton kernel (one pass per row);
     a learner's ``rms_norm`` (chapter 0) when one is plugged into its seam."""
@@ -137,7 +180,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mine = _plugged("rms_norm")  # a learner's norm (chapter 0), when plugged in
         if mine is not None:
-            return mine(x, self.weight, self.eps)
+            return _checked_norm(mine(x, self.weight, self.eps), x)
         if self.use_triton and x.is_cuda:
             from minillm.kernels.rmsnorm import rms_norm as triton_rms_norm
 
@@ -239,8 +282,9 @@ class Attention(nn.Module):
         qk, v = self.qkv_proj(x).split([cfg.q_size + cfg.kv_size, cfg.kv_size], dim=-1)
         # RoPE on the query and key heads in one go: they are adjacent in the projection,
         # and the rotation is per head, so this is the same arithmetic as rotating each.
-        rope = _plugged("apply_rope") or apply_rope  # a learner's RoPE (chapter 0), when plugged in
-        qk = rope(qk.view(T, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        mine = _plugged("apply_rope")  # a learner's RoPE (chapter 0), when plugged in
+        qk = qk.view(T, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
+        qk = apply_rope(qk, cos, sin) if mine is None else _plugged_rope(mine, qk, cos, sin)
         q, k = qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]  # [T, Hq, D], [T, Hkv, D]
         v = v.view(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
         if meta is None:  # inside a compiled step (compiled.py): the same, as one opaque op

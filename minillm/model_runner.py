@@ -219,12 +219,30 @@ def tree_mask_bits(tree) -> list[int]:
     mine = seams.plugged("tree_attention_mask")
     if mine is None:
         return tree.ancestor_bits()
-    mask = torch.as_tensor(mine(list(tree.parents)), dtype=torch.bool)
+    mask = _checked_tree_mask(torch.as_tensor(mine(list(tree.parents)), dtype=torch.bool), tree.num_nodes)
     n = tree.num_nodes
-    if mask.shape != (n, n):
-        raise ValueError(f"tree_attention_mask must return [{n}, {n}] for {n} nodes, got {tuple(mask.shape)}")
     weights = [1 << (m - 1) for m in range(1, n)]
     return [sum(w for w, seen in zip(weights, row[1:]) if seen) for row in mask.tolist()]
+
+
+def _checked_tree_mask(mask: torch.Tensor, n: int) -> torch.Tensor:
+    """A learner's tree mask, held to what the kernels rely on before it becomes bits: [n, n], every
+    node reading itself, and no node reading one numbered after it (its ancestors come before it).
+    A ``seams.SeamContractError`` naming the first row that breaks it."""
+    def broken(invariant: str, got: str) -> seams.SeamContractError:
+        return seams.SeamContractError("tree_attention_mask", invariant, got)
+
+    if mask.shape != (n, n):
+        raise broken(f"tree_attention_mask must return [{n}, {n}] for {n} nodes", f"{tuple(mask.shape)}")
+    if not bool(mask.diagonal().all()):
+        i = int((~mask.diagonal()).nonzero()[0])
+        raise broken("every node attends to itself (mask[i, i])", f"mask[{i}, {i}] is False")
+    later = mask.triu(1).nonzero()
+    if len(later):
+        i, j = (int(v) for v in later[0])
+        raise broken("a node attends only to itself and its ancestors, which come before it",
+                     f"mask[{i}, {j}] is True: node {i} reads node {j}, numbered after it")
+    return mask
 
 
 def batch_from_plan(plan: BatchPlan, device: torch.device) -> StepBatch:

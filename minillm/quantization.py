@@ -116,20 +116,30 @@ def quantize_groups(weight: torch.Tensor, bits: int, group_size: int = GROUP_SIZ
 
 
 def _checked_groups(out, shape: torch.Size, bits: int, group_size: int):
-    """A learner's ``quantize_groups`` result, checked before a layer keeps it: a ValueError
-    that says what came back, never a crash inside a kernel."""
+    """A learner's ``quantize_groups`` result, held to its contract before a layer keeps it (a
+    ``seams.SeamContractError`` that says what came back, never a crash inside a kernel): codes
+    uint8 [N, K] within the ``bits``-bit range, float32 scales and minimums [N, K / G], finite
+    (a NaN would reach every logit). How close the grid comes to the weight is not checked: a rougher
+    grid makes a worse model, not a broken engine."""
     N, K = shape
+
+    def broken(invariant: str, got: str) -> seams.SeamContractError:
+        return seams.SeamContractError("quantize_groups", invariant, got)
+
     want = {"codes": ((N, K), torch.uint8), "scales": ((N, K // group_size), torch.float32),
             "mins": ((N, K // group_size), torch.float32)}
     if not (isinstance(out, tuple) and len(out) == 3):
-        raise ValueError(f"quantize_groups must return (codes, scales, mins), got {type(out).__name__}")
+        raise broken("quantize_groups must return (codes, scales, mins)", type(out).__name__)
     for (name, (shp, dtype)), t in zip(want.items(), out):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shp or t.dtype != dtype:
             got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"quantize_groups: {name} must be {dtype} {list(shp)}, got {got}")
-    if int(out[0].max()) > 2 ** bits - 1:
-        raise ValueError(f"quantize_groups: {bits}-bit codes must be <= {2 ** bits - 1}, got {int(out[0].max())}")
-    return tuple(t.contiguous() for t in out)
+            raise broken(f"{name} must be {dtype} {list(shp)}", got)
+    codes, scales, mins = (t.contiguous() for t in out)
+    if int(codes.max()) > 2 ** bits - 1:
+        raise broken(f"{bits}-bit codes must be <= {2 ** bits - 1}", str(int(codes.max())))
+    if not (bool(scales.isfinite().all()) and bool(mins.isfinite().all())):
+        raise broken("every scale and minimum is a finite number", "nan or inf in the scales or the minimums")
+    return codes, scales, mins
 
 
 def dequantize_groups(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
@@ -261,11 +271,14 @@ class QuantizedLinear(nn.Module):
         ``dequantize_groups`` (chapter 11); None when neither is plugged."""
         gemv = seams.plugged("int8_gemv_triton") if self.fmt == "int8_group" else None
         if gemv is not None:  # float32 activations, as the exercise's kernel takes them
-            return gemv(x2.float(), self.qweight, self.scales, self.mins, self.group_size).to(x2.dtype)
+            y = gemv(x2.float(), self.qweight, self.scales, self.mins, self.group_size)
+            return _checked_float32(y, (x2.shape[0], self.out_features), "int8_gemv_triton", "y").to(x2.dtype)
         dequant = seams.plugged("dequantize_groups")
         if dequant is not None:
             codes = self.qweight if self.fmt == "int8_group" else q4_unpack(self.qweight)
-            return F.linear(x2.float(), dequant(codes, self.scales, self.mins)).to(x2.dtype)
+            w = _checked_float32(dequant(codes, self.scales, self.mins), tuple(codes.shape), "dequantize_groups",
+                                 "the weight")
+            return F.linear(x2.float(), w).to(x2.dtype)
         return None
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
@@ -281,6 +294,14 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         g = f", group_size={self.group_size}" if self.group_size else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}{g}"
+
+
+def _checked_float32(t, shape: tuple[int, int], seam: str, name: str) -> torch.Tensor:
+    """What a learner's plugged function returned, before the layer uses it: float32 of ``shape``."""
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != torch.float32:
+        got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise seams.SeamContractError(seam, f"{name} is float32 {list(shape)}", got)
+    return t
 
 
 PROJECTIONS = (("attn", "qkv_proj"), ("attn", "o_proj"), ("mlp", "gate_up_proj"), ("mlp", "down_proj"))

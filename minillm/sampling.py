@@ -155,14 +155,55 @@ def plugged_rows(mine, logits: torch.Tensor, params: Sequence[SamplingParams],
     """logits [B, V] -> tokens [B], row b from ``mine(logits[b], temperature, top_k, top_p,
     generators[b])``: a learner's ``sample_next_token`` (chapter 0), one call per row. A
     greedy row passes temperature 0 (however small its own), as ``SamplingParams.greedy`` reads it."""
-    V = logits.shape[-1]
     out = []
-    for row, p, g in zip(logits, params, generators):
+    for b, (row, p, g) in enumerate(zip(logits, params, generators)):
         t = int(mine(row, 0.0 if p.greedy else p.temperature, p.top_k, p.top_p, g))
-        if not 0 <= t < V:
-            raise ValueError(f"sample_next_token returned {t}, not a token id in [0, {V})")
+        _check_plugged_token(t, row, p, b)
         out.append(t)
     return torch.tensor(out, dtype=torch.long, device=logits.device)
+
+
+def _check_plugged_token(t: int, row: torch.Tensor, p: SamplingParams, b: int) -> None:
+    """What the engine relies on of a plugged ``sample_next_token``'s token (chapter 0's contract),
+    checked before it is appended to the request: a token id of the vocabulary; the argmax for a
+    greedy row (a tie may go to any of the largest logits); for a sampled row, a token that the
+    top-k and top-p filter of ``row / temperature`` keeps."""
+    V = row.shape[-1]
+    if not 0 <= t < V:
+        raise seams.SeamContractError("sample_next_token", f"it returns a token id in [0, {V})",
+                                      f"sample_next_token returned {t} for row {b}")
+    if p.greedy:
+        if row[t] != row.max():
+            raise seams.SeamContractError(
+                "sample_next_token", "temperature 0 is greedy: it returns the argmax of the logits",
+                f"row {b}: token {t} (logit {float(row[t]):.6g}), the largest logit is {float(row.max()):.6g} "
+                f"(token {int(row.argmax())})")
+    elif 0 <= p.top_k < V or p.top_p < 1.0:
+        why = _outside_filter(t, row.float() / p.temperature, p.top_k, p.top_p)
+        if why:
+            raise seams.SeamContractError(
+                "sample_next_token", "it samples only tokens that the top-k, then top-p filter of logits / "
+                "temperature keeps", f"row {b} (temperature {p.temperature:g}, top_k {p.top_k}, "
+                f"top_p {p.top_p:g}): token {t}, {why}")
+
+
+def _outside_filter(t: int, scaled: torch.Tensor, top_k: int, top_p: float) -> str:
+    """Why token ``t`` is outside the top-k, then top-p filter of ``scaled`` [V], or "" if it is in.
+    Lenient where a correct filter may differ from ``apply_top_k_top_p``: a logit tied with the k-th
+    largest is in the top-k, and the nucleus is judged by the mass of the strictly more likely tokens."""
+    value = scaled[t]
+    survivors = torch.ones_like(scaled, dtype=torch.bool)
+    if 0 <= top_k < scaled.shape[-1]:
+        kth = scaled.topk(top_k).values[-1]
+        if value < kth:
+            return f"not among the top {top_k} logits"
+        survivors = scaled >= kth
+    if top_p < 1.0:
+        probs = scaled.masked_fill(~survivors, -math.inf).softmax(-1)
+        ahead = float(probs[scaled > value].sum())
+        if ahead >= top_p + 1e-4:  # float rounding of a correct cumulative sum stays far below that
+            return f"the tokens more likely than it already hold {ahead:.4f} of the probability, top_p {top_p:g}"
+    return ""
 
 
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],

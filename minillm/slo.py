@@ -82,15 +82,15 @@ def slo_token_budget(budget: int, itl_p95: float | None, target: float, *, min_b
     (``max_num_seqs``); the budget only bounds prompt chunks with chunked prefill on.
 
     A plugged ``next_token_budget`` (chapter 7) decides instead, once the settings are
-    checked here; its answer is checked too (an integer within the bounds, never above the
-    budget while the p95 ITL is over the target).
+    checked here; its answer is checked too (``checked_budget``: an integer within the
+    bounds that moves the budget the way the p95 says).
     """
     _positive_int("budget", budget)
     check_budget_settings(target, min_budget, max_budget, decrease, increase, headroom)
     mine = seams.plugged("next_token_budget")  # a learner's version (chapter 7), when plugged in
     if mine is not None:
         got = mine(budget, itl_p95, target, min_budget, max_budget, decrease, increase, headroom)
-        return checked_budget(got, budget, itl_p95, target, min_budget, max_budget)
+        return checked_budget(got, budget, itl_p95, target, min_budget, max_budget, headroom)
     if itl_p95 is None:
         nxt = budget
     elif itl_p95 > target:
@@ -166,11 +166,25 @@ def _why(budget: int, nxt: int, ttft_p95: float | None, itl_p95: float | None, c
 
 def _checked_decision(got: Any, budget: int, ttft_p95: float | None, itl_p95: float | None, c: "SloConfig",
                       min_budget: int, max_budget: int) -> int:
-    """What a plugged ``slo_decision`` returned, as an int; ValueError if the controller cannot take it."""
-    where = (f"the slo_decision seam (exercises/ch09_operating_slos.py::slo_decision), for budget {budget}, "
-             f"p95 TTFT {ttft_p95!r} (target {c.ttft_p95!r}) and p95 ITL {itl_p95!r} (target {c.itl_p95!r}),")
-    return checked_budget(got, budget, itl_p95 if c.itl_p95 is not None else None, c.itl_p95, min_budget,
-                          max_budget, where=where)
+    """What a plugged ``slo_decision`` returned, as an int; ``seams.SeamContractError`` if the controller cannot
+    take it: an integer within the bounds that lowers the budget only for an ITL over its target (the one case
+    that cuts), never raises it then, and keeps it when nothing is watched."""
+    at = (f"for budget {budget}, p95 TTFT {ttft_p95!r} (target {c.ttft_p95!r}) and p95 ITL {itl_p95!r} "
+          f"(target {c.itl_p95!r})")
+    nxt = _checked_int("slo_decision", got, at, min_budget, max_budget)
+    kept = max(min_budget, min(max_budget, budget))
+    itl_over = c.itl_p95 is not None and itl_p95 is not None and itl_p95 > c.itl_p95
+    watched = any(t is not None and p is not None for t, p in ((c.ttft_p95, ttft_p95), (c.itl_p95, itl_p95)))
+    if itl_over and nxt > kept:
+        raise seams.SeamContractError("slo_decision", "a broken ITL must lower the budget (budget * decrease), "
+                                      "never raise it", f"{at} it returned {nxt}")
+    if not itl_over and nxt < kept:
+        raise seams.SeamContractError("slo_decision", "only an ITL over its target lowers the budget",
+                                      f"{at} it returned {nxt}, below the budget {kept}")
+    if not watched and nxt != kept:
+        raise seams.SeamContractError("slo_decision", "with nothing watched the budget stays",
+                                      f"{at} it returned {nxt}, not {kept}")
+    return nxt
 
 
 def check_budget_settings(target: float, min_budget: int, max_budget: int, decrease: float = 0.5,
@@ -187,21 +201,39 @@ def check_budget_settings(target: float, min_budget: int, max_budget: int, decre
         raise ValueError(f"decrease must be in (0, 1) and headroom in (0, 1], got {decrease!r}, {headroom!r}")
 
 
-def checked_budget(got: Any, budget: int, itl_p95: float | None, target: float | None, min_budget: int,
-                   max_budget: int, where: str | None = None) -> int:
-    """What a plugged ``next_token_budget`` (or ``slo_decision``: ``where`` names it) returned, as
-    an int; ValueError if the engine cannot take it."""
-    if where is None:
-        where = (f"the next_token_budget seam (exercises/ch07_serving_online.py::next_token_budget), "
-                 f"for budget {budget} and p95 ITL {itl_p95!r} (target {target!r} s),")
+def checked_budget(got: Any, budget: int, itl_p95: float | None, target: float, min_budget: int,
+                   max_budget: int, headroom: float = 0.8) -> int:
+    """What a plugged ``next_token_budget`` returned, as an int; ``seams.SeamContractError`` if the engine cannot
+    take it: an integer within the bounds, moving the way the p95 ITL says (never up while it is over the
+    target, never down while it is under ``headroom * target``, the budget kept in between or without a
+    measurement; the clamp to the bounds aside)."""
+    at = f"for budget {budget} and p95 ITL {itl_p95!r} (target {target!r} s, headroom {headroom!r})"
+    nxt = _checked_int("next_token_budget", got, at, min_budget, max_budget)
+    kept = max(min_budget, min(max_budget, budget))
+
+    def broken(invariant: str) -> seams.SeamContractError:
+        return seams.SeamContractError("next_token_budget", invariant, f"{at} it returned {nxt}")
+
+    if itl_p95 is not None and itl_p95 > target:
+        if nxt > kept:
+            raise broken("a broken ITL must lower the budget (budget * decrease), never raise it")
+    elif itl_p95 is not None and itl_p95 < headroom * target:
+        if nxt < kept:
+            raise broken("a p95 ITL under headroom x target never lowers the budget (budget + increase)")
+    elif nxt != kept:
+        raise broken("a p95 ITL between headroom x target and the target, or no measurement, keeps the budget")
+    return nxt
+
+
+def _checked_int(seam: str, got: Any, at: str, min_budget: int, max_budget: int) -> int:
+    """``got`` as an int within [min_budget, max_budget], else ``seams.SeamContractError`` naming ``seam``."""
     if isinstance(got, bool) or not isinstance(got, numbers.Integral):
-        raise ValueError(f"{where} returned {got!r}: return the next budget as an int (math.floor a product)")
+        raise seams.SeamContractError(seam, "return the next budget as an int (math.floor a product)",
+                                      f"{at} it returned {got!r}")
     if not min_budget <= got <= max_budget:
-        raise ValueError(f"{where} returned {got}, outside [min_budget, max_budget] = [{min_budget}, {max_budget}]: "
-                         f"clamp the result to the bounds")
-    if itl_p95 is not None and itl_p95 > target and got > max(budget, min_budget):
-        raise ValueError(f"{where} returned {got}, more than the budget, while the p95 ITL is over its target: "
-                         f"a broken ITL must lower the budget (budget * decrease), never raise it")
+        raise seams.SeamContractError(seam, "clamp the result to the bounds",
+                                      f"{at} it returned {got}, outside [min_budget, max_budget] = "
+                                      f"[{min_budget}, {max_budget}]")
     return int(got)
 
 

@@ -116,3 +116,34 @@ def test_a_rule_of_the_wrong_shape_is_a_clear_error():
     with seams.plug(multi_candidate_rule=lambda p, kids: (torch.zeros(len(kids) + 1), p)), \
             pytest.raises(ValueError, match=r"multi_candidate_rule must return \(move \[3\], residual \[7\]\)"):
         T.walk_tree(tree, tokens, p, noise)
+
+
+def test_a_mask_that_reads_a_later_node_or_not_itself_stops_the_step():
+    tree = T.build_tree(TREES[1])
+    n = tree.num_nodes
+    for bad, match in [(lambda parents: torch.ones(n, n, dtype=torch.bool), r"mask\[0, 1\] is True"),
+                       (lambda parents: s08.tree_attention_mask(parents) & ~torch.eye(n, dtype=torch.bool),
+                        r"every node attends to itself.*mask\[0, 0\] is False")]:
+        with seams.plug(tree_attention_mask=bad), pytest.raises(seams.SeamContractError, match=match):
+            tree_mask_bits(tree)
+
+
+def test_a_path_the_walk_cannot_take_stops_it():
+    tree, tokens, p, noise = _walk_case(0, 0.0)
+    kids = [c for c in range(1, tree.num_nodes) if tree.parents[c] == 0]
+    grandchild = tree.depths.index(2)
+    for bad, match in [(lambda parents, toks, target: [], "the path starts at the root"),
+                       (lambda parents, toks, target: [0, grandchild], "a child of the node before it"),
+                       (lambda parents, toks, target: [0] + [c for c in kids if toks[c] != target[0]][:1],
+                        "its token is the target's token after its parent")]:
+        with seams.plug(longest_accepted_path=bad), pytest.raises(seams.SeamContractError, match=match):
+            T.walk_tree(tree, tokens, p, noise)
+
+
+def test_a_rule_whose_numbers_are_not_probabilities_stops_the_walk():
+    tree, tokens, p, noise = _walk_case(0, 1.0)
+    unnormalized = lambda q, kids: (q[kids], q.index_fill(0, torch.tensor(kids, dtype=torch.long), 0.0))  # noqa: E731
+    too_much = lambda q, kids: (torch.full((len(kids),), 0.5, dtype=q.dtype), q)  # noqa: E731
+    for bad, match in [(unnormalized, "the residual is a distribution"), (too_much, "at most one child")]:
+        with seams.plug(multi_candidate_rule=bad), pytest.raises(seams.SeamContractError, match=match):
+            T.walk_tree(tree, tokens, p, noise)

@@ -30,6 +30,8 @@ SAMPLED = [SamplingParams(temperature=0.9, top_k=20, max_tokens=MAX, ignore_eos=
            SamplingParams(temperature=1.0, top_p=0.8, max_tokens=MAX, ignore_eos=True, seed=11),
            SamplingParams(temperature=0.0, max_tokens=MAX, ignore_eos=True),
            SamplingParams(temperature=0.7, top_k=30, top_p=0.9, max_tokens=MAX, ignore_eos=True, seed=3)]
+# Seeded sampling with no top-k, no top-p: every token of the vocabulary is a legal draw.
+UNFILTERED = [SamplingParams(temperature=1.0, max_tokens=MAX, ignore_eos=True, seed=s) for s in (7, 11, 3, 5)]
 SOLUTIONS = dict(rms_norm=s00.rms_norm, apply_rope=s00.apply_rope, sample_next_token=s00.sample_next_token)
 
 
@@ -111,13 +113,25 @@ def test_reference_answers_serve_the_library_tokens(backend, params):
 @pytest.mark.parametrize("seam,wrong", [("rms_norm", norm_without_rsqrt), ("apply_rope", rope_sin_flipped),
                                         ("sample_next_token", always_token_0)])
 def test_a_wrong_piece_changes_the_output(backend, seam, wrong):
-    ref = run(tiny_engine(attention_backend=backend), SAMPLED)
+    # Token 0 is a legal draw only for a row with neither a filter nor greedy decoding: the
+    # engine checks each plugged token against its row's rule, so those rows let it through.
+    params = UNFILTERED if seam == "sample_next_token" else SAMPLED
+    ref = run(tiny_engine(attention_backend=backend), params)
     eng = tiny_engine(attention_backend=backend)
     with seams.plug(**{seam: wrong}):
-        got = run(eng, SAMPLED)
+        got = run(eng, params)
     assert got != ref
     if seam == "sample_next_token":
         assert all(t == 0 for toks in got for t in toks)
+
+
+@pytest.mark.parametrize("params,rule", [(SAMPLED, "top-k, then top-p filter"), (GREEDY, "temperature 0 is greedy")],
+                         ids=["filtered", "greedy"])
+def test_a_sampler_token_outside_its_rows_rule_stops_the_engine(params, rule):
+    eng = tiny_engine()
+    with seams.plug(sample_next_token=always_token_0):
+        with pytest.raises(seams.SeamContractError, match=rule):
+            run(eng, params)
 
 
 def test_the_fused_cpu_path_steps_aside_while_plugged_and_comes_back():

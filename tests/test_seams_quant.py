@@ -99,3 +99,23 @@ def test_plugged_gemv_serves_only_the_8bit_layers():
         QuantizedLinear(_w(), "q4_group")(_x())
     assert calls == [((3, 96), (64, 96), 32)]
     assert y8.shape == (1, 3, 64)
+
+
+def test_a_plugged_dequantizer_or_gemv_of_the_wrong_dtype_or_shape_stops_the_layer():
+    layer = QuantizedLinear(_w(), "int8_group")
+    in_float64 = lambda codes, scales, mins: ref.dequantize_groups(codes, scales, mins).double()  # noqa: E731
+    with seams.plug(dequantize_groups=in_float64), \
+            pytest.raises(seams.SeamContractError, match=r"the weight is float32 \[64, 96\]: torch.float64"):
+        layer(_x())
+    one_row = lambda x, codes, scales, mins, group_size: torch.zeros(1, codes.shape[0])  # noqa: E731
+    with seams.plug(int8_gemv_triton=one_row), pytest.raises(seams.SeamContractError, match=r"y is float32 \[3, 64\]"):
+        layer(_x())
+
+
+def test_a_quantizer_with_nan_scales_stops_the_layer():
+    def nan_scales(w, b, g):
+        codes, scales, mins = ref.quantize_groups(w, b, g)
+        return codes, torch.full_like(scales, float("nan")), mins
+
+    with seams.plug(quantize_groups=nan_scales), pytest.raises(seams.SeamContractError, match="finite"):
+        QuantizedLinear(_w(), "q4_group")

@@ -283,3 +283,37 @@ def test_speculation_on_a_split_target_keeps_the_tokens(spec):
         assert eng.spec_stats.as_dict()["num_drafts"] > 0
     finally:
         eng.close()
+
+
+def test_a_plugged_shard_or_mlp_that_breaks_its_contract_stops_before_it_is_used():
+    """Chapter 10's seams, checked where the library calls them (no processes needed): a slice that
+    is a view of the whole matrix, an MLP that all-reduces twice or not at all."""
+    import torch.nn.functional as F
+
+    from minillm import seams
+    from minillm.distributed.parallel_model import plugged_mlp
+
+    def view(weight, sizes, rank, parallel):
+        return weight.narrow(0 if parallel == "column" else 1, sum(sizes[:rank]), sizes[rank])
+
+    with seams.plug(shard_linear=view), pytest.raises(seams.SeamContractError, match="storage of its own"):
+        shard_weights(TINY, random_weights(TINY, 1), 2, 0)
+
+    class OneRank:
+        rank = 0
+
+        def all_reduce(self, t):
+            return t
+
+    def twice(x, gate_up, down, all_reduce):
+        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+        return all_reduce(all_reduce(F.linear(F.silu(gate) * up, down)))
+
+    def never(x, gate_up, down, all_reduce):
+        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, down)
+
+    x, gate_up, down = torch.randn(3, 8), torch.randn(12, 8), torch.randn(8, 6)
+    for wrong, match in [(twice, "a second all_reduce"), (never, "no all_reduce")]:
+        with pytest.raises(seams.SeamContractError, match=match):
+            plugged_mlp(wrong, x, gate_up, down, OneRank())

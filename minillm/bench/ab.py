@@ -138,7 +138,8 @@ def bootstrap_diff(a: Sequence, b: Sequence, q: float | str, n_boot: int = 2000,
 
     A plugged ``bootstrap_ci`` (chapter 9's exercise) answers, once the inputs are checked
     here, for one number per request and one replay a side with a percentile ``q``; its
-    answer is checked (a finite interval within the range of the resampled differences).
+    answer is checked (the difference of the two percentiles, and a finite interval within
+    the range of the resampled differences).
     """
     q = _check_q(q)
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
@@ -154,7 +155,7 @@ def bootstrap_diff(a: Sequence, b: Sequence, q: float | str, n_boot: int = 2000,
         # One number per request, one replay a side: the one-level percentile bootstrap it implements.
         # (Lists of values per request, several replays, and the mean stay the library's.)
         flat_a, flat_b = [float(g[0]) for g in ga], [float(g[0]) for g in gb]
-        return _checked_ci(mine(flat_a, flat_b, q, n_boot, seed, conf), flat_a, flat_b)
+        return _checked_ci(mine(flat_a, flat_b, q, n_boot, seed, conf), flat_a, flat_b, q)
     diff = float(_stat(np.concatenate(gb), q) - _stat(np.concatenate(ga), q))
     rng = np.random.default_rng(seed)
     boot = (_replicates(gb, grouped_b, replays_b, q, n_boot, rng)
@@ -164,21 +165,31 @@ def bootstrap_diff(a: Sequence, b: Sequence, q: float | str, n_boot: int = 2000,
     return diff, (float(low), float(high))
 
 
-def _checked_ci(got: Any, a: list[float], b: list[float]) -> tuple[float, tuple[float, float]]:
-    """What a plugged ``bootstrap_ci`` returned, as floats; ValueError if a verdict cannot be read from it."""
-    where = f"the bootstrap_ci seam (exercises/ch09_operating_slos.py::bootstrap_ci), for {len(a)} and {len(b)} values,"
+def _checked_ci(got: Any, a: list[float], b: list[float], q: float) -> tuple[float, tuple[float, float]]:
+    """What a plugged ``bootstrap_ci`` returned, as floats; ``seams.SeamContractError`` if a verdict cannot be
+    read from it: the diff np.percentile(b, q) - np.percentile(a, q), a finite interval with low <= high,
+    within the range every resampled difference lies in."""
+    at = f"for {len(a)} and {len(b)} values, q={q:g},"
+
+    def broken(invariant: str, what: str) -> seams.SeamContractError:
+        return seams.SeamContractError("bootstrap_ci", invariant, f"{at} it returned {what}")
+
     try:
         diff, (low, high) = got
         diff, low, high = (float(x) for x in (diff, low, high))
     except (TypeError, ValueError):
-        raise ValueError(f"{where} returned {got!r}: return (diff, (low, high)), three numbers") from None
+        raise broken("return (diff, (low, high)), three numbers", repr(got)) from None
     if not all(math.isfinite(x) for x in (diff, low, high)) or low > high:
-        raise ValueError(f"{where} returned {got!r}: the interval must be finite with low <= high")
+        raise broken("the interval must be finite with low <= high", repr(got))
     span = max(b) - min(a), min(b) - max(a)  # no replicate's difference lies outside [min(b) - max(a), max(b) - min(a)]
     slack = 1e-9 * max(1.0, abs(span[0]), abs(span[1]))
     if low < span[1] - slack or high > span[0] + slack:
-        raise ValueError(f"{where} returned the interval ({low!r}, {high!r}), outside [{span[1]!r}, {span[0]!r}] "
-                         f"where every resampled difference lies: take percentiles of the resampled differences")
+        raise broken(f"the interval lies within [{span[1]!r}, {span[0]!r}], where every resampled difference lies "
+                     f"(take percentiles of the resampled differences)", f"the interval ({low!r}, {high!r})")
+    want = float(np.percentile(b, q) - np.percentile(a, q))
+    if abs(diff - want) > 1e-9 * max(1.0, abs(want)):
+        raise broken("the diff is np.percentile(b, q) - np.percentile(a, q) (B minus A, linear interpolation)",
+                     f"diff {diff!r}, not {want!r}")
     return diff, (low, high)
 
 

@@ -34,7 +34,8 @@ The arrivals and the goodput are seams (``minillm/seams.py``, chapter 7's exerci
 plugged ``poisson_arrivals(rate, n, seed)`` makes the arrival times of every open-loop run
 (this generator's and ``minillm.bench.sweep.run_open_loop``'s), a plugged
 ``goodput(ttfts, tpots, duration, slo_ttft, slo_tpot)`` counts every run's goodput. What a
-plugged function returns is checked here: a wrong shape is a ValueError naming the seam.
+plugged function returns is checked here: a wrong shape is a ``seams.SeamContractError``
+naming the seam.
 
 It imports nothing from the engine: the same command measures any OpenAI-compatible
 server. Trace files are JSON lines, one request each:
@@ -105,7 +106,7 @@ def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
     mine = seams.plugged("poisson_arrivals")  # a learner's version (chapter 7), when plugged in
     if mine is not None:
         return _checked_arrivals(mine(rate, n, seed), n)
-    rng = random.Random(f"poisson:{seed}")
+    rng = random.Random(seed)  # the exercise's hint draws the same gaps: a learner's run is comparable step by step
     t, out = 0.0, []
     for _ in range(n):
         out.append(t)
@@ -114,23 +115,26 @@ def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
 
 
 def _checked_arrivals(times: Any, n: int) -> list[float]:
-    """What a plugged ``poisson_arrivals`` returned, as a list of floats; ValueError if it cannot be arrivals."""
-    where = "the poisson_arrivals seam (exercises/ch07_serving_online.py::poisson_arrivals)"
+    """What a plugged ``poisson_arrivals`` returned, as a list of floats; ``seams.SeamContractError`` if it
+    cannot be arrivals: ``n`` finite numbers >= 0, the first 0, never going back."""
+
+    def broken(invariant: str, got: str) -> seams.SeamContractError:
+        return seams.SeamContractError("poisson_arrivals", invariant, got)
+
     if isinstance(times, (str, bytes, dict)) or not isinstance(times, Sequence):
-        raise ValueError(f"{where} returned a {type(times).__name__}: return a list of {n} arrival times in seconds")
+        raise broken(f"it must return a list of {n} arrival times in seconds", f"returned a {type(times).__name__}")
     times = list(times)
     if len(times) != n:
-        raise ValueError(f"{where} returned {len(times)} arrival times for n={n}: return one per request")
+        raise broken(f"one arrival time per request, n={n}", f"returned {len(times)} arrival times for n={n}")
     for i, t in enumerate(times):
         if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"{where}: arrival [{i}] is {t!r}; every arrival must be a finite number of "
-                             f"seconds >= 0")
+            raise broken("every arrival is a finite number of seconds >= 0", f"arrival [{i}] is {t!r}")
     if times[0] != 0:
-        raise ValueError(f"{where}: the first arrival is {times[0]!r}; the first request arrives at 0.0")
+        raise broken("the first request arrives at 0.0", f"the first arrival is {times[0]!r}")
     for i in range(1, n):
         if times[i] < times[i - 1]:
-            raise ValueError(f"{where}: arrival [{i}] ({times[i]!r}) comes before arrival [{i - 1}] "
-                             f"({times[i - 1]!r}); add each gap to the previous time (arrivals never go back)")
+            raise broken("arrivals never go back (each gap is added to the previous time)",
+                         f"arrival [{i}] ({times[i]!r}) comes before arrival [{i - 1}] ({times[i - 1]!r})")
     return [float(t) for t in times]
 
 
@@ -278,24 +282,34 @@ def goodput(records: Sequence[dict], slo_ttft: float = 1.0, slo_tpot: float = 0.
     if mine is not None and duration and duration > 0 and slo_ttft > 0 and slo_tpot > 0:
         ttfts = [r["ttft"] if r["ok"] else None for r in records]
         tpots = [r["tpot"] if r["ok"] else None for r in records]
-        return _checked_goodput(mine(ttfts, tpots, duration, slo_ttft, slo_tpot), len(records), duration)
+        return _checked_goodput(mine(ttfts, tpots, duration, slo_ttft, slo_tpot), ttfts, duration)
     good = sum(meets_slo(r, slo_ttft, slo_tpot) for r in records)
     return good / duration if duration and duration > 0 else 0.0
 
 
-def _checked_goodput(value: Any, n: int, duration: float) -> float:
-    """What a plugged ``goodput`` returned, as a float; ValueError if it cannot be a goodput of ``n`` requests."""
-    where = "the goodput seam (exercises/ch07_serving_online.py::goodput)"
+def _checked_goodput(value: Any, ttfts: Sequence[float | None], duration: float) -> float:
+    """What a plugged ``goodput`` returned, as a float; ``seams.SeamContractError`` if it cannot be the goodput
+    of these requests: a whole number of them per ``duration``, at most the ones that produced a token."""
+
+    def broken(invariant: str, got: str) -> seams.SeamContractError:
+        return seams.SeamContractError("goodput", invariant, got)
+
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{where} returned {value!r}: return a number of requests per second >= 0 "
-                         f"(requests that met the SLO / duration)")
+        raise broken("a number of requests per second >= 0 (requests that met the SLO / duration)",
+                     f"returned {value!r}")
     count = float(value) * duration
     if abs(count - round(count)) > 1e-6 * max(1.0, count):
-        raise ValueError(f"{where} returned {value!r} for a duration of {duration:g} s, i.e. {count:g} requests: "
-                         f"return (the number of requests that met the SLO) / duration")
-    if round(count) > n:
-        raise ValueError(f"{where} returned {value!r}: {round(count)} requests per {duration:g} s, but the run "
-                         f"has {n}; count each request at most once")
+        raise broken("(the number of requests that met the SLO) / duration",
+                     f"returned {value!r} for a duration of {duration:g} s, i.e. {count:g} requests: "
+                     f"not a whole number")
+    finished = sum(t is not None for t in ttfts)
+    if round(count) > len(ttfts):
+        raise broken("each request counts at most once",
+                     f"returned {value!r}: {round(count)} requests per {duration:g} s, but the run has {len(ttfts)}")
+    if round(count) > finished:
+        raise broken("a failed request (no TTFT) never meets the SLO",
+                     f"returned {value!r}: {round(count)} requests per {duration:g} s, but only {finished} of "
+                     f"{len(ttfts)} produced a token")
     return float(value)
 
 

@@ -417,6 +417,8 @@ def run_piece(lab, piece: Piece, impl: str, prompts: list[list[int]],
     except RuntimeError as e:  # the engine stopped making progress (see LLMEngine._check_progress)
         return PieceResult(piece, "differs", blocks_free=False if "KV blocks" in str(e) else None,
                            detail=f"{e}")
+    except seams.SeamContractError as e:  # a rule the engine relies on, broken: the engine stopped before acting
+        return PieceResult(piece, "differs", detail=f"the engine stopped: {e}")
     except Exception as e:  # the learner's code crashed inside the engine: say where, keep going
         return PieceResult(piece, "error", detail=f"{type(e).__name__}: {e}")
     same_tokens, same_sched = tokens == ref_tokens, sched == ref_sched

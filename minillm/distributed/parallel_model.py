@@ -14,6 +14,8 @@ these modules, so every attention backend runs sharded unchanged.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,9 +56,45 @@ class ParallelMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mine = seams.plugged("parallel_mlp")
         if mine is not None:
-            return mine(x, _dense(self.gate_up_proj), _dense(self.down_proj.linear), self.comm.all_reduce)
+            return plugged_mlp(mine, x, _dense(self.gate_up_proj), _dense(self.down_proj.linear), self.comm)
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # sharding.parallel_mlp's math, on the (packed) modules
         return self.down_proj(F.silu(gate) * up)
+
+
+def plugged_mlp(mine, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, comm: Communicator) -> torch.Tensor:
+    """A learner's ``parallel_mlp`` (the seam) on this rank, held to its contract before the layer
+    goes on: one all-reduce, of the partial output [T, hidden], and the full [T, hidden] back in
+    x's dtype. A second call or a tensor of another shape is refused before it reaches the other
+    ranks (they run the same function and stop at the same place, so none waits in a collective
+    for it). Its ``all_reduce`` sums a copy and returns it, as the contract allows: the argument
+    keeps this rank's partial sum, so only what ``all_reduce`` returns is the whole output."""
+    calls = []
+
+    def broken(invariant: str, got: str) -> BaseException:
+        error = seams.SeamContractError("parallel_mlp", invariant, f"{got} (rank {comm.rank})")
+        if comm.rank == 0:
+            return error
+        # Rank 0 runs the same function and reports the same rule; a worker says it in one line and stops.
+        print(error, file=sys.stderr)
+        return SystemExit(1)
+
+    def all_reduce(t: torch.Tensor) -> torch.Tensor:
+        if calls:
+            raise broken("exactly one all_reduce a call, after the down projection", "a second all_reduce")
+        if not isinstance(t, torch.Tensor) or t.shape != x.shape:
+            shown = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise broken(f"the all-reduced tensor is the rank's partial output [T, hidden] = {list(x.shape)}",
+                         f"all_reduce of {shown}")
+        calls.append(tuple(t.shape))
+        return comm.all_reduce(t.clone())
+
+    out = mine(x, gate_up, down, all_reduce)
+    if not calls:
+        raise broken("exactly one all_reduce a call, after the down projection", "no all_reduce")
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != x.dtype:
+        shown = f"{out.dtype} {list(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise broken(f"the output is the full MLP output, {x.dtype} {list(x.shape)}", shown)
+    return out
 
 
 def build_parallel_model(cfg: ModelConfig, shard: dict[str, torch.Tensor], comm: Communicator,

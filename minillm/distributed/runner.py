@@ -105,9 +105,9 @@ class TensorParallelRunner:
         self.steps += 1
         self.tokens += len(b.input_ids)
         self.forward_seconds += time.perf_counter() - start
-        formula = seams.plugged("allreduce_bytes_per_step") or allreduce_bytes_per_step
-        self.formula_bytes += formula(self.cfg.num_layers, self.cfg.hidden_size, len(b.input_ids),
-                                      hidden.element_size())
+        args = (self.cfg.num_layers, self.cfg.hidden_size, len(b.input_ids), hidden.element_size())
+        mine = seams.plugged("allreduce_bytes_per_step")
+        self.formula_bytes += allreduce_bytes_per_step(*args) if mine is None else _plugged_bytes(mine, args)
         return ModelOutput(logits, b.rows, b.offsets, b.input_ids, b.token_starts, b.sampling_table)
 
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
@@ -185,7 +185,8 @@ class TensorParallelRunner:
         _stop_workers(self.procs, None)  # no stop message: the ranks may be inside different collectives
         self._finalizer.detach()
         torch.set_num_threads(self._threads_before)
-        if dead and not isinstance(e, KeyboardInterrupt):
+        # a broken seam contract is the error to show, whichever rank stopped on it first
+        if dead and not isinstance(e, (KeyboardInterrupt, seams.SeamContractError)):
             raise RuntimeError(f"tensor-parallel {self.error} in the middle of a step; the other workers were "
                                f"stopped. Build a new LLM to go on.") from e
 
@@ -218,6 +219,16 @@ def serve_torchrun_rank(rank: int, cfg: ModelConfig, weights: dict[str, torch.Te
     serve(rank, world_size, torchrun_store(world_size), cfg, shard_weights(cfg, weights, world_size, rank), dev,
           dtype, attention_backend, pack_weights, num_blocks, block_size,
           threads or max(1, (os.cpu_count() or 1) // world_size), _plugged_for_workers())
+
+
+def _plugged_bytes(mine, args: tuple[int, int, int, int]) -> int:
+    """A learner's ``allreduce_bytes_per_step`` (the seam): its bytes, checked to be a count."""
+    got = mine(*args)
+    if isinstance(got, bool) or not isinstance(got, int) or got < 0:
+        raise seams.SeamContractError("allreduce_bytes_per_step", "the bytes are a non-negative int",
+                                      f"{got!r} ({type(got).__name__}) for num_layers, hidden_size, num_tokens, "
+                                      f"dtype_bytes = {args}")
+    return got
 
 
 def _worker_entry(*args) -> None:

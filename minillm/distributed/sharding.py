@@ -109,11 +109,36 @@ def local_config(cfg: ModelConfig, world_size: int, rank: int) -> ModelConfig:
                    intermediate_size=split_sizes(cfg.intermediate_size, world_size)[rank])
 
 
+def _checked_shard(mine: Callable) -> Callable:
+    """A learner's ``shard_linear`` (the seam), each slice checked before a rank keeps it: the
+    shape and dtype the contract gives, and a contiguous copy with storage of its own (a view
+    would keep, and send to a worker, the whole matrix). A ``seams.SeamContractError`` otherwise."""
+
+    def shard(weight: torch.Tensor, sizes: list[int], rank: int, parallel: str) -> torch.Tensor:
+        got = mine(weight, sizes, rank, parallel)
+        want = (sizes[rank], weight.shape[1]) if parallel == "column" else (weight.shape[0], sizes[rank])
+        what = f"rank {rank} of sizes {sizes}, a weight {list(weight.shape)} cut {parallel}-parallel"
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != want or got.dtype != weight.dtype:
+            shown = f"{got.dtype} {list(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
+            raise seams.SeamContractError("shard_linear", f"the slice of {what} is {weight.dtype} {list(want)}",
+                                          shown)
+        held = got.untyped_storage().nbytes()
+        if not got.is_contiguous() or held != got.numel() * got.element_size():
+            raise seams.SeamContractError(
+                "shard_linear", f"the slice of {what} is a contiguous copy with storage of its own",
+                f"{'a contiguous' if got.is_contiguous() else 'a non-contiguous'} tensor over {held} bytes of "
+                f"storage for its {got.numel() * got.element_size()}")
+        return got
+
+    return shard
+
+
 def shard_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], world_size: int,
                   rank: int) -> dict[str, torch.Tensor]:
     """Rank ``rank``'s weights: its slices of every projection (through the seam
     ``shard_linear``), and the replicated embeddings, norms and head as they are."""
-    shard = seams.plugged("shard_linear") or shard_linear
+    mine = seams.plugged("shard_linear")
+    shard = shard_linear if mine is None else _checked_shard(mine)
     check_tensor_parallel(cfg, world_size)
     per_group, D = cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
     groups = split_sizes(cfg.num_kv_heads, world_size)

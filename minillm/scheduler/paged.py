@@ -63,6 +63,7 @@ Chapter 6 adds two options:
 """
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
 from .. import seams
@@ -177,9 +178,7 @@ class PagedScheduler(Scheduler):
                     return False
             else:
                 choose = seams.plugged("choose_victim")  # a learner's choice (chapter 3), when plugged in
-                victim = self.running[-1] if choose is None else choose(list(self.running))
-                if victim not in self.running:
-                    raise ValueError(f"choose_victim returned {victim!r}, which is not a running request")
+                victim = self.running[-1] if choose is None else self._chosen_victim(choose, self.running)
                 if any(row.request is victim for row in out.rows):
                     return False
             self.preempt(victim)
@@ -281,18 +280,51 @@ class PagedScheduler(Scheduler):
                 break
             cands.append(r)
         lefts = [self._left(r, self.block_manager.lookup_prefix(r)) for r in cands]
-        num_decodes = len(out.rows)
-        chunks = list(split(num_decodes, list(lefts), num_decodes + budget))
-        if len(chunks) != len(cands):
-            raise ValueError(f"split_budget returned {len(chunks)} chunk sizes for {len(cands)} prefills")
+        chunks = self._checked_split(split, len(out.rows), lefts, budget, cands)
         return dict(zip(cands, chunks))
 
-    @staticmethod
-    def _checked_chunk(plan: dict, r: Request, most: int) -> int:
+    def _checked_split(self, split, num_decodes: int, lefts: list[int], room: int,
+                       cands: Sequence[Request]) -> list[int]:
+        """A plugged ``split_budget``'s chunks for the prefills ``cands`` (``lefts`` tokens left each;
+        ``room``: what the decodes leave of the budget), checked before any row is planned from
+        them: one chunk per prefill, each within its prompt's tokens left, all within ``room``, and
+        first come, first served (after a prefill that gets 0 tokens, every later one gets 0: the
+        admissions stop at the first that cannot start). How the budget is shared within those
+        rules is the policy, which the chapter's edge cases compare with the library's."""
+        got = split(num_decodes, list(lefts), num_decodes + room)
+        decodes = f"{num_decodes} decode{'' if num_decodes == 1 else 's'}"
+        call = (f"split_budget({decodes}, prefill_tokens_left {lefts} (requests "
+                f"{[r.request_id for r in cands]}), budget {num_decodes + room})")
+
+        def broken(invariant: str, what: str) -> seams.SeamContractError:
+            return seams.SeamContractError("split_budget", invariant, f"{call} returned {what}", self.num_steps + 1)
+
+        try:
+            chunks = [operator.index(c) if not isinstance(c, bool) else None for c in got]
+        except TypeError:
+            chunks = [None]
+        if None in chunks:
+            raise broken("one int chunk size per prefill", repr(got)[:120])
+        if len(chunks) != len(lefts):
+            raise broken("one chunk size per prefill, in the same order", f"{len(chunks)} sizes: {chunks}")
+        for c, left in zip(chunks, lefts):
+            if not 0 <= c <= left:
+                raise broken("each chunk is between 0 and its prompt's tokens left", f"{chunks}")
+        if sum(chunks) > room:
+            raise broken(f"the chunks fit what the {decodes} leave of the budget, {room} tokens",
+                         f"{chunks}: {sum(chunks)} tokens")
+        for i, (c, left) in enumerate(zip(chunks, lefts)):
+            if c == 0 < left and any(chunks[i + 1:]):
+                raise broken("the budget goes to the prefills in arrival order: once one gets 0 tokens, every "
+                             "one after it gets 0 (nobody jumps the queue)", f"{chunks}")
+        return chunks
+
+    def _checked_chunk(self, plan: dict, r: Request, most: int) -> int:
         n = plan.get(r, 0)
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= most:
-            raise ValueError(f"split_budget gave request {r.request_id} a chunk of {n!r} tokens; "
-                             f"it may take 0 .. {most} (its tokens left, within the budget left)")
+        if not 0 <= n <= most:
+            raise seams.SeamContractError(
+                "split_budget", "a prefill's chunk is at most its tokens left, within the budget left",
+                f"request {r.request_id} got {n} tokens; it may take 0 .. {most}", self.num_steps + 1)
         return n
 
     # -- admission, with the prefix cache -----------------------------------------
@@ -377,10 +409,18 @@ class PagedScheduler(Scheduler):
             return None
         lowest = max(r.priority for r in cands)
         cands = [r for r in cands if r.priority == lowest]
+        return self._chosen_victim(choose, cands)
+
+    def _chosen_victim(self, choose, cands: list[Request]) -> Request:
+        """A plugged ``choose_victim``'s pick among ``cands`` (it gets a copy), checked before anyone is
+        preempted: it must be one of them, or the engine would free blocks nobody holds."""
         victim = choose(list(cands))
         if not any(victim is r for r in cands):
-            raise ValueError(f"choose_victim returned {victim!r}, which is not one of the running requests "
-                             f"it was given")
+            shown = getattr(victim, "request_id", None)
+            raise seams.SeamContractError(
+                "choose_victim", "the victim is one of the running requests it was given",
+                f"it returned {repr(victim)[:80] if shown is None else f'request {shown}'} from running "
+                f"{[r.request_id for r in cands]}", self.num_steps + 1)
         return victim
 
     def _chunk_by_class(self, r: Request, most: int, out: SchedulerOutput, budget: int,
@@ -390,9 +430,7 @@ class PagedScheduler(Scheduler):
         (``after``, in the policy's order) behind, in the budget still left."""
         num_decodes = sum(1 for row in out.rows if row.num_new_tokens == 1 and not row.request.is_prefill)
         lefts = [self._left(r, hit or [])] + [self._left(x, self.block_manager.lookup_prefix(x)) for x in after]
-        chunks = list(seams.plugged("split_budget")(num_decodes, list(lefts), num_decodes + budget))
-        if len(chunks) != len(lefts):
-            raise ValueError(f"split_budget returned {len(chunks)} chunk sizes for {len(lefts)} prefills")
+        chunks = self._checked_split(seams.plugged("split_budget"), num_decodes, lefts, budget, [r, *after])
         return self._checked_chunk({r: chunks[0]}, r, most)
 
     def _make_room_for_timed_out(self, out: SchedulerOutput) -> None:

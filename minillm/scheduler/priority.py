@@ -62,37 +62,44 @@ def _plugged_admission_order(mine: Callable, waiting: Sequence[Request], now: fl
     The function gets (request id, priority level, arrival time) per waiting request, in
     queue order, and a dict level -> queue timeout (the three classes and every level
     waiting); it returns request ids. The answer must name every arrived waiting request
-    once and nobody else, or it is a ValueError naming the seam (the scheduler then
+    once and nobody else, or it is a ``seams.SeamContractError`` (the scheduler then
     changes nothing).
     """
-    where = "admission_order (exercises/ch06_prefix_and_priority.py)"
     by_id = {r.request_id: r for r in waiting}
     if len(by_id) != len(waiting):
-        raise ValueError(f"{where} needs distinct request ids, and two waiting requests share one")
+        raise ValueError("admission_order (exercises/ch06_prefix_and_priority.py) needs distinct request ids, "
+                         "and two waiting requests share one")
     tuples = [(r.request_id, r.priority, r.arrival_time) for r in waiting]
     timeouts = {level: timeout_of(level) for level in sorted({0, 1, 2} | {r.priority for r in waiting})}
     got = mine(tuples, now, timeouts)
+
+    def broken(invariant: str, what: str) -> seams.SeamContractError:
+        return seams.SeamContractError("admission_order", invariant, what)
+
     try:
         ids = list(got)
-        order, seen = [], set()
-        for rid in ids:
-            r = by_id.get(rid)
-            if r is None:
-                raise ValueError(f"{where} returned {rid!r}, which is not a waiting request; "
-                                 f"waiting: {_short([t[0] for t in tuples])}")
-            if rid in seen:
-                raise ValueError(f"{where} returned {rid!r} twice: {_short(ids)}")
-            if r.arrival_time > now:
-                raise ValueError(f"{where} returned {rid!r}, which has not arrived yet "
-                                 f"(arrival {r.arrival_time:.6g} > now {now:.6g}): leave it out")
-            seen.add(rid)
-            order.append(r)
     except TypeError:
-        raise ValueError(f"{where} must return a list of request ids, got {_short(got)}") from None
+        raise broken("it must return a list of request ids", f"got {_short(got)}") from None
+    order, seen = [], set()
+    for rid in ids:
+        try:
+            r = by_id.get(rid)
+        except TypeError:  # an unhashable id
+            r = None
+        if r is None:
+            raise broken("every id names a waiting request",
+                         f"returned {rid!r}, which is not a waiting request; waiting: {_short([t[0] for t in tuples])}")
+        if rid in seen:
+            raise broken("every waiting request is named at most once", f"returned {rid!r} twice: {_short(ids)}")
+        if r.arrival_time > now:
+            raise broken("requests that have not arrived are left out",
+                         f"returned {rid!r}, which has not arrived yet (arrival {r.arrival_time:.6g} > now {now:.6g})")
+        seen.add(rid)
+        order.append(r)
     if len(order) < sum(1 for r in waiting if r.arrival_time <= now):
         missing = [r.request_id for r in waiting if r.arrival_time <= now and r.request_id not in seen]
-        raise ValueError(f"{where} left out {_short(missing)}, which have arrived: every arrived waiting "
-                         f"request must be in the order; got {_short(ids)}")
+        raise broken("every arrived waiting request is in the order",
+                     f"left out {_short(missing)}, which have arrived; got {_short(ids)}")
     return order
 
 

@@ -91,9 +91,26 @@ class StaticScheduler(Scheduler):
         now = self.clock()
         rows = list(static_schedule(list(self.group), arrived_waiting(self, now), self.max_num_seqs,
                            self.max_num_batched_tokens))
-        if self.group and any(r not in self.running for r, _ in rows):
-            raise seams.SeamContractError("static_schedule", "a static group is closed until its last member finishes",
-                                          "it admitted a request while the group still runs", self.num_steps + 1)
+        if self.group:
+            self._check_group_closed(rows)
         self.group.extend(apply_rows(self, rows, out, now, seam="static_schedule"))
         out.padded_width = max((row.num_new_tokens for row in out.rows), default=1)
         return out
+
+    def _check_group_closed(self, rows: list) -> None:
+        """While a member of the group still runs, a plugged step's rows may name only its
+        unfinished members (``apply_rows`` then checks that each of them decodes one token):
+        a finished member's row would feed a request that is done, and an admission would
+        break the barrel. Raised before anything changes."""
+        for r, _ in rows:
+            if r in self.running:
+                continue
+            still = [m.request_id for m in self.running]
+            if r in self.group:
+                raise seams.SeamContractError(
+                    "static_schedule", "a finished member of the group gets no row",
+                    f"request {getattr(r, 'request_id', r)} has finished and has a row while {still} still run",
+                    self.num_steps + 1)
+            raise seams.SeamContractError(
+                "static_schedule", "a static group is closed until its last member finishes",
+                f"it admitted request {getattr(r, 'request_id', r)} while {still} still run", self.num_steps + 1)

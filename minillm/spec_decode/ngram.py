@@ -9,6 +9,7 @@ probability p(x) (``rejection_sample(..., draft_probs=None, ...)``).
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from minillm import seams
@@ -45,7 +46,7 @@ class NgramProposer:
             for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
                 proposal = list(one_n(tokens, n, k))
                 if proposal:
-                    return proposal
+                    return _checked_proposal(proposal, tokens, n, k)
             return []
         for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
             suffix = tokens[L - n:]
@@ -55,3 +56,26 @@ class NgramProposer:
                 if tokens[j:j + n] == suffix:
                     return tokens[j + n:j + n + k]
         return []
+
+
+def _checked_proposal(proposal: list, tokens: list[int], n: int, k: int) -> list[int]:
+    """A plugged lookup's proposal, checked before the engine feeds it: the scheduler reserved
+    KV space for k drafts only, and prompt lookup copies what followed an earlier occurrence of
+    the last n tokens (so every draft is a token of the context, in the vocabulary)."""
+
+    def broken(invariant: str, got: str) -> seams.SeamContractError:
+        return seams.SeamContractError("ngram_propose", invariant, got)
+
+    where = f"for the last {n} tokens {tokens[-n:]} of {len(tokens)} (k={k})"
+    if len(proposal) > k:
+        raise broken(f"a proposal holds at most k={k} tokens", f"{where} it proposes {len(proposal)}: {proposal}")
+    try:
+        proposal = [operator.index(t) for t in proposal]
+    except TypeError:
+        raise broken("a proposal is a list of token ids (integers)", f"{where} it proposes {proposal!r:.120}") from None
+    L, m = len(tokens), len(proposal)
+    suffix = tokens[L - n:]
+    if not any(tokens[j:j + n] == suffix and tokens[j + n:j + n + m] == proposal for j in range(L - n)):
+        raise broken(f"a proposal is what followed an earlier occurrence of the last n={n} tokens",
+                     f"{where} it proposes {proposal}, which follows no such occurrence")
+    return proposal

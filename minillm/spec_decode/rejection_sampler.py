@@ -39,6 +39,7 @@ import torch
 
 from minillm.sampling import compute_probs, exponential_race
 from minillm.sampling_params import SamplingParams
+from minillm.seams import SeamContractError
 
 Generators = torch.Generator | Sequence[torch.Generator | None] | None
 
@@ -349,6 +350,45 @@ def coupled_acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(both, 1.0 / ratios.sum(dim=-1), 0.0).sum(dim=-1)
 
 
+def _checked_rule_answer(answer, drafts: list[int], V: int) -> tuple[list[int], torch.Tensor]:
+    """A plugged rule's (accepted drafts, distribution of the next token), checked before a token
+    is drawn from it: the walk emits the accepted drafts, then one token sampled from a
+    distribution over the V tokens; after a rejection that distribution is norm(max(0, p - q))
+    with q the one-hot of the rejected draft, which gives that draft nothing (the coupling of
+    ``per_row_verifier`` is exact only then)."""
+
+    def broken(invariant: str, got: str) -> SeamContractError:
+        return SeamContractError("rejection_sample_one", invariant, got)
+
+    k = len(drafts)
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
+        raise broken("it returns (accepted draft tokens, distribution of the next token)",
+                     f"it returned {type(answer).__name__} {str(answer)[:80]}")
+    accepted, dist = answer
+    accepted = [int(x) for x in accepted]
+    if len(accepted) > k:
+        raise broken(f"it accepts between 0 and k={k} drafts", f"it accepted {len(accepted)}: {accepted}")
+    if accepted != drafts[:len(accepted)]:
+        raise broken(f"the accepted tokens are a prefix of the drafts {drafts}", f"it returned {accepted}")
+    if not isinstance(dist, torch.Tensor) or tuple(dist.shape) != (V,):
+        shape = tuple(dist.shape) if isinstance(dist, torch.Tensor) else type(dist).__name__
+        raise broken(f"the next token's distribution is one tensor [V={V}]", f"it returned {shape}")
+    d = dist.detach().double()
+    j = len(accepted)
+    where = f"after accepting {j} of {k} drafts {drafts}"
+    if not bool(torch.isfinite(d).all()) or bool((d < 0).any()):
+        raise broken("the next token's distribution holds probabilities, finite and >= 0",
+                     f"{where} it holds {str(dist.tolist())[:120]}")
+    total = float(d.sum())
+    if abs(total - 1.0) > 1e-3:
+        raise broken("the next token's distribution sums to 1", f"{where} it sums to {total:.6g}")
+    if j < k and float(d[drafts[j]]) > 1e-6:
+        raise broken(f"after draft {j} (token {drafts[j]}) is rejected, the next token comes from "
+                     "norm(max(0, p - q)), which gives the rejected draft probability 0",
+                     f"{where} it gives token {drafts[j]} probability {float(d[drafts[j]]):.4g}")
+    return accepted, dist
+
+
 def per_row_verifier(rule: Callable) -> Callable:
     """A verifier (``coupled_verify``'s signature) built on a one-request rule with the
     signature of chapter 5's exercise ``rejection_sample_one(draft_tokens, q, p, uniforms)
@@ -360,7 +400,8 @@ def per_row_verifier(rule: Callable) -> Callable:
     and the next token is argmax(r / E_j) of the returned distribution r at the stopping
     slot j. After a rejection r(x_j) = 0, so the sample reads only E_j[z] for z != x_j,
     which are independent of u_j: the pair is an exact sample of the rule. Greedy rows
-    (noise all ones) emit exactly the library's tokens.
+    (noise all ones) emit exactly the library's tokens. Each answer is checked before a
+    token is drawn from it (``_checked_rule_answer``): a broken one is a SeamContractError.
     """
     def verify(draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
                noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -376,11 +417,7 @@ def per_row_verifier(rule: Callable) -> Callable:
             q = torch.zeros(s, V, dtype=p.dtype, device=p.device)
             q[torch.arange(s, device=p.device), idx] = 1.0
             u = torch.exp(-noise[b, torch.arange(s, device=p.device), idx].float()) if s else p.new_zeros(0)
-            accepted, dist = rule(drafts, q, p, u)
-            accepted = [int(x) for x in accepted]
-            if accepted != drafts[:len(accepted)]:
-                raise ValueError(f"rejection_sample_one returned {accepted}: the accepted tokens must be "
-                                 f"a prefix of the drafts {drafts}")
+            accepted, dist = _checked_rule_answer(rule(drafts, q, p, u), drafts, V)
             j = len(accepted)
             nxt = exponential_race(dist.to(p.dtype)[None], noise[b, j][None].to(p.dtype))[0]
             row = accepted + [int(nxt)]

@@ -262,9 +262,11 @@ class Speculator:
                     r = row.request
                     k = self.config.num_speculative_tokens if r.num_speculative_tokens is None \
                         else r.num_speculative_tokens
-                    next_k = seams.plugged("next_num_speculative_tokens") or policy.next_num_speculative_tokens
-                    r.num_speculative_tokens = next_k(
-                        k, policy.recent_acceptance(history), self.config.num_speculative_tokens)
+                    acceptance = policy.recent_acceptance(history)
+                    k_max = self.config.num_speculative_tokens
+                    mine = seams.plugged("next_num_speculative_tokens")  # a learner's policy (chapter 5)
+                    r.num_speculative_tokens = policy.next_num_speculative_tokens(k, acceptance, k_max) \
+                        if mine is None else _checked_next_k(mine(k, acceptance, k_max), k, acceptance, k_max)
         st.spec_steps += any(out.rows[i].spec_token_ids for i in emitted)
 
     # -- after the scheduler's update -----------------------------------------------------
@@ -279,6 +281,19 @@ class Speculator:
     def forget(self, request: Request) -> None:
         self.requests.pop(request, None)
         self.drafter.forget(request)
+
+
+def _checked_next_k(next_k, k: int, acceptance: float | None, k_max: int) -> int:
+    """A plugged adaptive-k policy's answer, checked before the scheduler reserves a lookahead
+    with it: a number of drafts in [k_min, k_max], k_min = 1 (the engine asks with the
+    default), so a request never drafts more than it was configured for, nor stops drafting
+    for good (its acceptance, which could raise k again, is measured on drafts only)."""
+    if isinstance(next_k, bool) or not isinstance(next_k, int) or not 1 <= next_k <= k_max:
+        raise seams.SeamContractError(
+            "next_num_speculative_tokens", f"the next k is an integer clamped to [k_min=1, k_max={k_max}]",
+            f"from k={k} at acceptance {acceptance if acceptance is None else round(acceptance, 4)} "
+            f"it returns {next_k!r}")
+    return next_k
 
 
 __all__ = ["SpecStats", "Speculator"]

@@ -204,7 +204,8 @@ def walk_tree(tree: TreeSpec, tokens: torch.Tensor, target_probs: torch.Tensor, 
         if mine is None:  # each node's sample only where the walk goes: at most depth + 1 of them
             return _walk_exact(tree, tokens, p, noise)
         y = exponential_race(p, noise[list(tree.depths)].to(p.dtype))  # [N+1]: each node's own sample
-        path = [int(n) for n in mine(list(tree.parents), tokens.tolist(), y.tolist())]
+        token_list, targets = tokens.tolist(), y.tolist()
+        path = _checked_path(mine(list(tree.parents), list(token_list), list(targets)), tree, token_list, targets)
     elif rule == "typical":
         move, _ = typical_tree_rule(tree, tokens, p, epsilon, delta)
         path = [0]
@@ -230,6 +231,48 @@ def _walk_exact(tree: TreeSpec, tokens: torch.Tensor, p: torch.Tensor,
         path.append(nxt[0])
 
 
+def _checked_path(path, tree: TreeSpec, tokens: list[int], target_tokens: list[int]) -> list[int]:
+    """A learner's accepted path, held to what the walk relies on before its tokens are emitted
+    and its nodes' K/V moved: root first, each node a child of the one before it, and each accepted
+    node's token the target's token after its parent (else the step would emit a token the target
+    did not choose). A ``seams.SeamContractError`` naming the first node that breaks it."""
+    def broken(invariant: str, got: str) -> seams.SeamContractError:
+        return seams.SeamContractError("longest_accepted_path", invariant, f"{got} (path {path})")
+
+    path = [int(n) for n in path]
+    if not path or path[0] != 0:
+        raise broken("the path starts at the root, node 0", f"it starts with {path[0] if path else 'nothing'}")
+    for parent, n in zip(path, path[1:]):
+        if not 0 < n < tree.num_nodes or tree.parents[n] != parent:
+            raise broken("each node of the path is a child of the node before it",
+                         f"node {n} follows node {parent}")
+        if tokens[n] != target_tokens[parent]:
+            raise broken("a node is accepted only if its token is the target's token after its parent",
+                         f"node {n} holds {tokens[n]}; after node {parent} the target's is {target_tokens[parent]}")
+    return path
+
+
+def _check_node_rule(move: torch.Tensor, residual: torch.Tensor, child_tokens: list[int], vocab: int) -> None:
+    """A learner's (move, residual) at one node, held to what drawing the node's token relies on:
+    the shapes, moves that are probabilities of taking at most one child, and a residual that is a
+    distribution. A ``seams.SeamContractError`` otherwise."""
+    def broken(invariant: str, got: str) -> seams.SeamContractError:
+        return seams.SeamContractError("multi_candidate_rule", invariant, f"{got} (children {child_tokens})")
+
+    m = len(child_tokens)
+    if move.shape != (m,) or residual.shape != (vocab,):
+        raise broken(f"multi_candidate_rule must return (move [{m}], residual [{vocab}])",
+                     f"shapes {tuple(move.shape)} and {tuple(residual.shape)}")
+    if not bool(move.isfinite().all()) or bool((move < 0).any()) or bool((move > 1).any()) \
+            or float(move.sum()) > 1 + 1e-6:
+        raise broken("each move is a probability, and together they take at most one child (sum <= 1)",
+                     f"move {[round(float(v), 6) for v in move]}")
+    if not bool(residual.isfinite().all()) or bool((residual < 0).any()) or abs(float(residual.sum()) - 1) > 1e-6:
+        total = float(residual.sum())
+        raise broken("the residual is a distribution: finite, >= 0, summing to 1", f"it sums to {total:.6g}"
+                     + ("" if bool(residual.isfinite().all()) else " (nan or inf in it)"))
+
+
 def _walk_with_node_rule(rule, tree: TreeSpec, tokens: torch.Tensor, p: torch.Tensor,
                          noise: torch.Tensor) -> tuple[list[int], list[int]]:
     """``walk_tree``'s exact walk with a per-node rule ``rule(p [V], child_tokens) -> (move [m],
@@ -245,9 +288,7 @@ def _walk_with_node_rule(rule, tree: TreeSpec, tokens: torch.Tensor, p: torch.Te
         move, residual = rule(p[n], child_tokens)
         move = torch.as_tensor(move, dtype=p.dtype, device=p.device).reshape(-1)
         residual = torch.as_tensor(residual, dtype=p.dtype, device=p.device)
-        if move.shape != (len(kids),) or residual.shape != p[n].shape:
-            raise ValueError(f"multi_candidate_rule must return (move [{len(kids)}], residual [{p.shape[1]}]), got "
-                             f"shapes {tuple(move.shape)} and {tuple(residual.shape)}")
+        _check_node_rule(move, residual, child_tokens, p.shape[1])
         combined = (1 - move.sum()).clamp(min=0) * residual
         if kids:
             combined[child_tokens] += move
