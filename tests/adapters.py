@@ -36,8 +36,9 @@ def impl() -> str:
 # mutation runner (tests/mutation.py) plugs a plausible wrong answer in here and checks
 # that the grader fails it. Empty when a learner grades their own code.
 _substitutes: dict[tuple[str, str], Callable[..., Any]] = {}
-# (chapter, name) -> node ids of the tests that called it, filled while ``recording``.
-calls: dict[tuple[str, str], set[str]] = {}
+# (chapter, name) -> node ids of the tests that called it, in the order they ran (a dict used
+# as an ordered set), filled while ``recording``.
+calls: dict[tuple[str, str], dict[str, None]] = {}
 recording = False
 
 
@@ -52,7 +53,7 @@ def substitute(chapter: str, name: str, fn: Callable[..., Any] | None) -> None:
 def _record(chapter: str, name: str) -> None:
     test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
     if test:
-        calls.setdefault((chapter, name), set()).add(test)
+        calls.setdefault((chapter, name), {})[test] = None
 
 
 def load(chapter: str) -> ModuleType:

@@ -91,34 +91,67 @@ class _Timeout:
             signal.signal(signal.SIGALRM, old)
 
 
-def _pytest(args: list[str]) -> grade.Collector:
-    collector = grade.Collector()
+class _Grader:
+    """A pytest plugin that grades, in ONE session: the reference answers once (recording which
+    tests call which function; all must pass), then each mutant in place of its function, in
+    the tests that call it, in the order they ran. One session keeps the module's fixtures
+    (a model loaded once) and spares a collection per mutant."""
+
+    def __init__(self, chapter: str, found: list[mutants.Mutant]):
+        self.chapter, self.found = chapter, found
+        self.failed: dict[int, list[tuple[str, str]]] = {}  # mutant index -> (test id, reason)
+        self.ran: dict[int, int] = {}
+        self.error = ""
+
+    def _run(self, items, item) -> list[tuple[str, str]]:
+        from _pytest.runner import runtestprotocol
+
+        # Tear down this test's own fixtures but keep its module's: the next test to run is
+        # another one of the same module (any other will do; the last call tears down all).
+        other = next((i for i in items if i is not item), None)
+        reports = runtestprotocol(item, nextitem=other, log=False)
+        return [(item.nodeid, grade._reason_lines(r)[0]) for r in reports if r.failed][:1]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session):
+        items = session.items
+        by_id = {i.nodeid: i for i in items}
+        adapters.calls.clear()
+        adapters.recording = True
+        try:
+            broken = [f for item in items for f in self._run(items, item)]
+        finally:
+            adapters.recording = False
+        if broken:
+            self.error = f"{self.chapter}: the reference answers fail {len(broken)} tests, e.g. {broken[0]}"
+            session._setupstate.teardown_exact(None)
+            return True
+        callers = {name: list(tests) for (ch, name), tests in adapters.calls.items() if ch == self.chapter}
+        for k, m in enumerate(self.found):
+            tests = [by_id[t] for t in callers.get(m.function, []) if t in by_id]
+            self.ran[k] = len(tests)
+            adapters.substitute(self.chapter, m.function, m.fn)
+            try:
+                self.failed[k] = [f for item in tests for f in self._run(items, item)]
+            finally:
+                adapters.substitute(self.chapter, m.function, None)
+        session._setupstate.teardown_exact(None)
+        return True
+
+
+def grade_mutants(chapter: str, found: list[mutants.Mutant]) -> list[Verdict]:
+    """Each mutant graded by the chapter's tests (see ``_Grader``)."""
+    plugin = _Grader(chapter, found)
     out = io.StringIO()
+    args = [str(ROOT / "tests" / "exercises" / f"test_{chapter}.py"), "-p", "no:cacheprovider",
+            f"--rootdir={ROOT}", "-q", "--tb=short", "-W", "ignore"]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        code = pytest.main(args + ["-p", "no:cacheprovider", f"--rootdir={ROOT}", "-q", "--tb=short",
-                                   "-W", "ignore"], plugins=[collector, _Timeout()])
-    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-        raise RuntimeError(f"pytest could not run {args[:2]}... (exit code {code}):\n{out.getvalue()[-3000:]}")
-    return collector
-
-
-def _failures(collector: grade.Collector) -> list[tuple[str, str]]:
-    return [(t, ch.reason.get(t, "failed")) for ch in collector.chapters.values()
-            for t in ch.outcome if ch.outcome[t] == "failed"]
-
-
-def baseline(chapter: str) -> dict[str, list[str]]:
-    """Grade the reference answers, recording which tests call which function; all must pass."""
-    adapters.calls.clear()
-    adapters.recording = True
-    try:
-        collector = _pytest([str(ROOT / "tests" / "exercises" / f"test_{chapter}.py")])
-    finally:
-        adapters.recording = False
-    failed = _failures(collector)
-    if failed:
-        raise RuntimeError(f"{chapter}: the reference answers fail {len(failed)} tests, e.g. {failed[0]}")
-    return {name: sorted(tests) for (ch, name), tests in adapters.calls.items() if ch == chapter}
+        code = pytest.main(args, plugins=[plugin, _Timeout()])
+    if plugin.error:
+        raise RuntimeError(plugin.error)
+    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or len(plugin.ran) != len(found):
+        raise RuntimeError(f"pytest could not run the tests of {chapter} (exit code {code}):\n{out.getvalue()[-3000:]}")
+    return [Verdict(m, failed=plugin.failed.get(k, []), ran=plugin.ran[k]) for k, m in enumerate(found)]
 
 
 def engine_check(m: mutants.Mutant) -> str | None:
@@ -136,20 +169,10 @@ def engine_check(m: mutants.Mutant) -> str | None:
 
 def run_chapter(chapter: str, engine: bool = True) -> list[Verdict]:
     os.environ[adapters.ENV_VAR] = "solutions"
-    callers = baseline(chapter)
-    verdicts = []
-    for m in mutants.of(chapter):
-        tests = callers.get(m.function, [])
-        v = Verdict(m, ran=len(tests))
-        if tests:
-            adapters.substitute(chapter, m.function, m.fn)
-            try:
-                v.failed = _failures(_pytest(tests))
-            finally:
-                adapters.substitute(chapter, m.function, None)
-        if engine:
-            v.engine = engine_check(m)
-        verdicts.append(v)
+    verdicts = grade_mutants(chapter, mutants.of(chapter))
+    if engine:
+        for v in verdicts:
+            v.engine = engine_check(v.mutant)
     return verdicts
 
 
@@ -169,10 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         verdicts = run_chapter(chapter, engine=not args.no_engine)
         missed = [v for v in verdicts if not v.caught]
         seams_ = [v for v in verdicts if v.engine is not None]
+        same = sum(1 for v in seams_ if v.mutant.same_in_engine)
         bad += len(missed)
         print(f"{chapter}: {len(verdicts)} mutants of {len({v.mutant.function for v in verdicts})} functions, "
               f"{len(verdicts) - len(missed)} caught; seam mutants the engine rejects: "
-              f"{sum(1 for v in seams_ if v.engine)} of {len(seams_)} ({time.perf_counter() - t0:.1f} s)")
+              f"{sum(1 for v in seams_ if v.engine and not v.mutant.same_in_engine)} of {len(seams_) - same}"
+              f"{f' (and {same} it cannot tell apart by construction)' if same else ''} "
+              f"({time.perf_counter() - t0:.1f} s)")
         for v in (verdicts if args.verbose else missed):
             print(f"  {'caught' if v.caught else 'NOT CAUGHT'}: {v.describe()}")
     return 1 if args.strict and bad else 0
