@@ -67,6 +67,7 @@ def _check_triple(out, N: int, K: int, G: int, what: str):
 
 
 def test_quantize_groups_example():
+    """The docstring's example: min -1, scale (max - min) / 15 = 1, codes the nearest grid points (a tie to even)."""
     w = torch.tensor([[-1.0, 0.0, 0.5, 14.0]])
     codes, scales, mins = _check_triple(quantize_groups(w, 4, group_size=4), 1, 4, 4,
                                         "quantize_groups([[-1, 0, 0.5, 14]], bits=4, group_size=4)")
@@ -78,6 +79,8 @@ def test_quantize_groups_example():
 
 @pytest.mark.parametrize("bits,N,K,G", [(8, 5, 64, 32), (4, 7, 96, 32), (4, 3, 64, 16), (8, 2, 128, 128)])
 def test_quantize_groups_matches_the_grid(bits, N, K, G):
+    """Contract: per group, min is the smallest weight, scale (max - min) / (2**bits - 1), each code the nearest
+    grid point clamped to the range; every weight within scale / 2 of what it dequantizes to."""
     w = _weights(N, K, seed=bits * 100 + K)
     what = f"quantize_groups(weight [{N}, {K}], bits={bits}, group_size={G})"
     codes, scales, mins = _check_triple(quantize_groups(w, bits, group_size=G), N, K, G, what)
@@ -102,6 +105,7 @@ def test_quantize_groups_matches_the_grid(bits, N, K, G):
 
 
 def test_quantize_groups_constant_group():
+    """Contract: a constant group (max == min) gets scale 1.0 and every code 0."""
     w = torch.cat([torch.full((2, 32), 0.25), _weights(2, 32, seed=5)], dim=1)
     what = "quantize_groups(weight [2, 64] whose first group is all 0.25, bits=8)"
     codes, scales, mins = _check_triple(quantize_groups(w, 8, group_size=32), 2, 64, 32, what)
@@ -110,6 +114,7 @@ def test_quantize_groups_constant_group():
 
 
 def test_quantize_groups_rejects_bad_input():
+    """Contract: bits not 4 or 8, group_size < 1, or K not a multiple of it -> ValueError."""
     w = _weights(2, 64, seed=1)
     _expect_value_error(quantize_groups, w, 3, 32, what="quantize_groups(w, bits=3) (only 4 or 8)")
     _expect_value_error(quantize_groups, w, 8, 48, what="quantize_groups(w [2, 64], bits=8, group_size=48) "
@@ -121,6 +126,7 @@ def test_quantize_groups_rejects_bad_input():
 
 
 def test_dequantize_groups_is_exact():
+    """Contract: element (n, k) is codes[n, k] * scale + min of its group k // G, in float32, exact."""
     g = torch.Generator().manual_seed(3)
     codes = torch.randint(0, 256, (6, 96), generator=g, dtype=torch.uint8)
     scales = torch.rand(6, 3, generator=g) * 0.01
@@ -138,6 +144,7 @@ def test_dequantize_groups_is_exact():
 
 
 def test_dequantize_undoes_quantize():
+    """Contract: every weight dequantizes to within scale / 2 of itself."""
     w = _weights(4, 64, seed=9)
     codes, scales, mins = quantize_groups(w, 8, group_size=32)
     back = dequantize_groups(codes, scales, mins)
@@ -147,6 +154,7 @@ def test_dequantize_undoes_quantize():
 
 
 def test_dequantize_groups_rejects_bad_shapes():
+    """Contract: scales and mins of different shapes, another N, or K not a multiple of the groups -> ValueError."""
     codes = torch.zeros(4, 64, dtype=torch.uint8)
     _expect_value_error(dequantize_groups, codes, torch.ones(4, 2), torch.ones(4, 3),
                         what="dequantize_groups(codes [4, 64], scales [4, 2], mins [4, 3])")
@@ -167,6 +175,8 @@ def test_dequantize_groups_rejects_bad_shapes():
     (100, 4, 32, 1.0, 50 + 4 * 8),                     # 100 weights: 4 groups, the last one partial
 ])
 def test_decode_floor(n, bits, G, bw, bytes_):
+    """Contract: bytes / (bandwidth_gbps * 1e9) in milliseconds; a group stores a float32 scale and minimum, and
+    there are ceil(num_weights / group_size) groups."""
     want = bytes_ / (bw * 1e9) * 1e3
     got = decode_floor_ms(n, bits, G, bw)
     adapters.expect_that(isinstance(got, float) and math.isclose(got, want, rel_tol=1e-9),
@@ -175,6 +185,7 @@ def test_decode_floor(n, bits, G, bw, bytes_):
 
 
 def test_decode_floor_rejects_bad_input():
+    """Contract: num_weights < 1, bits not 4/8/16/32, group_size < 1 or bandwidth_gbps <= 0 -> ValueError."""
     for args in [(0, 8, 32, 10.0), (100, 5, 32, 10.0), (100, 8, 0, 10.0), (100, 8, 32, 0.0), (100, 8, 32, -1.0)]:
         _expect_value_error(decode_floor_ms, *args, what=f"decode_floor_ms{args}")
 
@@ -192,8 +203,25 @@ def _gemv_case(M: int, N: int, K: int, G: int, seed: int):
     return x, codes, scales, mins, (x.double() @ w.view(N, K).T).float()
 
 
-@pytest.mark.parametrize("M,N,K,G", [(1, 64, 64, 32), (3, 300, 256, 32), (2, 129, 576, 32), (1, 40, 128, 64)])
+def test_int8_gemv_triton_reads_every_group_scale():
+    """Contract: each weight reads the scale and minimum of its own group, k // group_size (here every
+    group's scale differs by a factor of ten, so one per row or the wrong group shows)."""
+    pytest.importorskip("triton")
+    N, K, G = 8, 128, 32
+    x = torch.ones(1, K)
+    codes = torch.full((N, K), 2, dtype=torch.uint8)
+    scales = torch.tensor([[1.0, 10.0, 100.0, 1000.0]] * N)
+    mins = torch.tensor([[0.5, 0.0, -1.0, 0.0]] * N)
+    want = G * (2 * (1 + 10 + 100 + 1000) + 0.5 - 1.0)
+    got = int8_gemv_triton(x, codes, scales, mins, G)
+    adapters.expect(got[0].tolist(), [want] * N, "int8_gemv_triton(x = ones [1, 128], every code 2, group scales "
+                                                 "[1, 10, 100, 1000], mins [0.5, 0, -1, 0]): y[0]")
+
+
+@pytest.mark.parametrize("M,N,K,G", [(1, 64, 64, 32), (1, 40, 128, 64), (2, 129, 576, 32), (3, 300, 256, 32)])
 def test_int8_gemv_triton_matches_the_oracle(M, N, K, G):
+    """Contract: y[m, n] = sum_k x[m, k] * (codes[n, k] * scale + min of its group), float32, within 1e-4 of the
+    largest |y|, with N not a multiple of the block (the edges masked)."""
     pytest.importorskip("triton")
     x, codes, scales, mins, want = _gemv_case(M, N, K, G, seed=M * 1000 + N)
     what = f"int8_gemv_triton(x [{M}, {K}], codes [{N}, {K}], group_size={G})"
@@ -209,26 +237,12 @@ def test_int8_gemv_triton_matches_the_oracle(M, N, K, G):
                     f"by more than {tol:.3g}", pytrace=False)
 
 
-def test_int8_gemv_triton_reads_every_group_scale():
-    """Every group has its own scale and minimum: a kernel that reads one per row, or the
-    wrong group, fails here (each group's scale differs by a factor of ten)."""
-    pytest.importorskip("triton")
-    N, K, G = 8, 128, 32
-    x = torch.ones(1, K)
-    codes = torch.full((N, K), 2, dtype=torch.uint8)
-    scales = torch.tensor([[1.0, 10.0, 100.0, 1000.0]] * N)
-    mins = torch.tensor([[0.5, 0.0, -1.0, 0.0]] * N)
-    want = G * (2 * (1 + 10 + 100 + 1000) + 0.5 - 1.0)
-    got = int8_gemv_triton(x, codes, scales, mins, G)
-    adapters.expect(got[0].tolist(), [want] * N, "int8_gemv_triton(x = ones [1, 128], every code 2, group scales "
-                                                 "[1, 10, 100, 1000], mins [0.5, 0, -1, 0]): y[0]")
-
-
 # ---------------------------------------------------------------- quiz
 
 
 @pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
 def test_quiz(qid):
+    """The chapter's questions: each answer as the question asks for it."""
     answers = quiz_answers()
     assert isinstance(answers, dict), f"quiz_answers() must return a dict of answers, got {type(answers).__name__}"
     ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
