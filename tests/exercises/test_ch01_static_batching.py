@@ -59,6 +59,7 @@ def _two_tensors(out, what):
 
 
 def test_left_pad_layout():
+    """Contract: row i is W - len(prompts[i]) pads, then the prompt; mask 0 on padding, 1 on tokens; inputs unchanged."""
     prompts = [[5, 6, 7], [8], [9, 10]]
     what = "left_pad([[5, 6, 7], [8], [9, 10]], pad_id=0)"
     ids, mask = _two_tensors(left_pad(prompts, 0), what)
@@ -70,10 +71,21 @@ def test_left_pad_layout():
     adapters.expect(prompts, [[5, 6, 7], [8], [9, 10]], f"{what}: its input prompts after the call")
 
 
+def test_left_pad_mask_marks_positions_not_token_values():
+    """Contract: attention_mask is 0 on padding and 1 on real tokens, even on a real token equal to pad_id."""
+    prompts = [[0, 5], [7, 0, 0]]  # token 0 is also the pad id
+    what = "left_pad([[0, 5], [7, 0, 0]], pad_id=0)"
+    ids, mask = _two_tensors(left_pad(prompts, 0), what)
+    adapters.expect(ids.tolist(), [[0, 0, 5], [7, 0, 0]], f"{what}: input_ids")
+    adapters.expect(mask.tolist(), [[0, 1, 1], [1, 1, 1]], f"{what}: attention_mask")
+
+
 def test_left_pad_random():
+    """Contract: left padding to the longest prompt, with its mask, for any batch of prompts."""
     rng = random.Random(0)
-    for _ in range(20):
-        prompts = [[rng.randrange(3, 100) for _ in range(rng.randint(1, 9))] for _ in range(rng.randint(1, 6))]
+    for i in range(20):
+        prompts = [[rng.randrange(3, 100) for _ in range(rng.randint(1, 1 + i * 8 // 19))]
+                   for _ in range(rng.randint(1, 1 + i * 5 // 19))]
         what = f"left_pad({prompts}, pad_id=2)"
         ids, mask = _two_tensors(left_pad(prompts, 2), what)
         W = max(map(len, prompts))
@@ -88,7 +100,10 @@ def test_left_pad_random():
 
 
 def test_static_num_steps_barrel():
-    cases = [([20, 20, 800, 20], 2, 820, "groups (20, 20) then (800, 20): 20 + 800"),
+    """Contract: groups of B in arrival order; each takes as many steps as its longest member wants tokens."""
+    cases = [([3], 1, 3, "one request: 1 prefill + 2 decodes"),
+             ([1, 9, 1, 9], 2, 18, "groups in arrival order (1, 9) then (1, 9), not sorted by length"),
+             ([20, 20, 800, 20], 2, 820, "groups (20, 20) then (800, 20): 20 + 800"),
              ([20, 20, 800, 20], 4, 800, "one group, as long as its longest member"),
              ([5, 3, 7], 1, 15, "one request at a time"),
              ([4, 4, 4], 8, 4, "one group smaller than B")]
@@ -97,9 +112,10 @@ def test_static_num_steps_barrel():
 
 
 def test_static_num_steps_random():
+    """Contract: the total over the groups of their longest member's tokens, for any lengths and B."""
     rng = random.Random(1)
-    for _ in range(30):
-        outs = [rng.randint(1, 40) for _ in range(rng.randint(1, 20))]
+    for i in range(30):
+        outs = [rng.randint(1, 40) for _ in range(rng.randint(1, 1 + i * 19 // 29))]
         B = rng.randint(1, 9)
         adapters.expect(static_num_steps(outs, B), _steps_ref(outs, B), f"static_num_steps(outputs {outs}, B={B})")
 
@@ -115,21 +131,24 @@ def _pair(x):
 
 
 def test_static_token_slots_example():
+    """Contract: a prefill is B x W slots, useful on prompt tokens; decode step k is B slots, useful while k < output."""
     # prefill [2 x 5] = 10 slots, 8 useful; decode steps 1 and 2: 2 slots each, 1 useful each
     adapters.expect(_pair(static_token_slots([3, 5], [1, 3], 2)), (10, 14),
                     "static_token_slots(prompts [3, 5], outputs [1, 3], B=2) as (useful, total)")
 
 
 def test_static_token_slots_counts_empty_rows_of_a_small_last_group():
+    """Contract: every step is a rectangle of B rows, even for a last group smaller than B."""
     # one request in a batch of 4 slots: prefill 4 x 6, then 2 decodes of 4 slots
     adapters.expect(_pair(static_token_slots([6], [3], 4)), (6 + 2, 4 * 6 + 4 * 2),
                     "static_token_slots(prompts [6], outputs [3], B=4) as (useful, total)")
 
 
 def test_static_token_slots_random():
+    """Contract: (useful, total) token-slots summed over every prefill and decode step, for any lengths and B."""
     rng = random.Random(2)
-    for _ in range(30):
-        n = rng.randint(1, 12)
+    for i in range(30):
+        n = rng.randint(1, 1 + i * 11 // 29)
         prompts = [rng.randint(1, 30) for _ in range(n)]
         outs = [rng.randint(1, 30) for _ in range(n)]
         B = rng.randint(1, 6)
@@ -138,6 +157,7 @@ def test_static_token_slots_random():
 
 
 def test_skewed_batch_wastes_most_slots():
+    """Contract: useful / total is the slot utilization; one long member makes its group waste most slots."""
     useful, total = static_token_slots([16] * 8, [20] * 7 + [800], 8)
     adapters.expect_that(useful / total < 0.2, "useful / total of static_token_slots(prompts [16] * 8, "
                          "outputs [20] * 7 + [800], B=8)", "below 0.2", f"{useful} / {total} = {useful / total:.3f}")
@@ -228,6 +248,7 @@ def _static_ref(prompts, outputs, B, T):
 
 
 def test_static_schedule_forms_a_group_then_decodes_it_out():
+    """Contract: a group forms from the front of `waiting` (RUNNING, whole prompts), then its unfinished members decode."""
     waiting = deque([_sreq("a", 3), _sreq("b", 5), _sreq("c", 2)])
     group = []
     what = f"static_schedule({_queues(group, waiting)}, max_num_seqs=2, budget 64)"
@@ -245,16 +266,57 @@ def test_static_schedule_forms_a_group_then_decodes_it_out():
 
 
 def test_static_schedule_respects_the_token_budget_fcfs():
+    """Contract: forming stops at the first request whose prompt does not fit what is left of the budget (FCFS)."""
     waiting = deque([_sreq("a", 6), _sreq("b", 6), _sreq("c", 1)])
     what = f"static_schedule({_queues([], waiting)}, max_num_seqs=4, budget 10)"
     rows = static_schedule([], waiting, 4, 10)
     _expect_rows(rows, [("a", 6)], what, 4, 10, ["a", "b", "c"])
 
 
+def test_static_schedule_admits_a_prompt_that_fills_the_budget_exactly():
+    """Contract: a request joins while its whole prompt fits what is left of max_num_batched_tokens (equal fits)."""
+    waiting = deque([_sreq("a", 6), _sreq("b", 4), _sreq("c", 1)])
+    what = f"static_schedule({_queues([], waiting)}, max_num_seqs=4, budget 10)"
+    rows = static_schedule([], waiting, 4, 10)
+    _expect_rows(rows, [("a", 6), ("b", 4)], what, 4, 10, ["a", "b", "c"])
+    adapters.expect(_names(waiting), ["c"], f"{what}: `waiting` after the step")
+
+
+def test_static_schedule_keeps_the_group_closed_while_a_member_runs():
+    """Contract: while a member is unfinished, only unfinished members get rows (one decode token); nobody is admitted."""
+    group = [_sreq("a", 3), _sreq("b", 2), _sreq("c", 4)]
+    for r in group:
+        r.status = RequestStatus.RUNNING
+    group[0].status = RequestStatus.FINISHED
+    group[2].status = RequestStatus.FINISHED
+    waiting = deque([_sreq("d", 2), _sreq("e", 1)])
+    what = f"static_schedule({_queues(group, waiting)}, max_num_seqs=3, budget 64)"
+    rows = static_schedule(group, waiting, 3, 64)
+    _expect_rows(rows, [("b", 1)], what, 3, 64, ["d", "e"])
+    adapters.expect(_names(waiting), ["d", "e"], f"{what}: `waiting` after the step (nobody admitted)")
+    adapters.expect(_names(group), ["a", "b", "c"], f"{what}: `group` after the step (finished members included)")
+
+
+def test_static_schedule_empties_a_done_group_before_forming_the_next():
+    """Contract: once every member has finished, `group` is emptied, then the next group forms from `waiting`."""
+    group = [_sreq("a", 3), _sreq("b", 2)]
+    for r in group:
+        r.status = RequestStatus.FINISHED
+    waiting = deque([_sreq("c", 2), _sreq("d", 1), _sreq("e", 1)])
+    what = f"static_schedule({_queues(group, waiting)}, max_num_seqs=2, budget 64)"
+    rows = static_schedule(group, waiting, 2, 64)
+    _expect_rows(rows, [("c", 2), ("d", 1)], what, 2, 64, ["c", "d", "e"])
+    adapters.expect(_names(group), ["c", "d"], f"{what}: `group` after the step")
+    adapters.expect(_names(waiting), ["e"], f"{what}: `waiting` after the step")
+    what = "static_schedule(group empty, waiting none, max_num_seqs=2, budget 64)"
+    adapters.expect_all(_ids(static_schedule([], deque(), 2, 64)), [], f"{what}: rows (nothing runs, nothing waits)")
+
+
 def test_static_schedule_drives_whole_runs():
+    """Contract: step after step, groups form FCFS under both caps and decode out before the next one forms."""
     rng = random.Random(1)
-    for _ in range(20):
-        n = rng.randint(1, 9)
+    for i in range(20):
+        n = rng.randint(1, 1 + i * 8 // 19)
         prompts = [rng.randint(1, 10) for _ in range(n)]
         outputs = [rng.randint(1, 8) for _ in range(n)]
         B, T = rng.randint(1, 4), rng.randint(10, 30)
@@ -266,6 +328,7 @@ def test_static_schedule_drives_whole_runs():
 
 @pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
 def test_quiz(qid):
+    """Contract: quiz_answers() holds the right answer to each of the chapter's questions."""
     answers = quiz_answers()
     adapters.expect_that(isinstance(answers, dict), "quiz_answers()", "a dict of answers", type(answers).__name__)
     ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
