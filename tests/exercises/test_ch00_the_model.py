@@ -46,6 +46,7 @@ def _rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 
 
 def test_rms_norm_formula():
+    """Contract: y = x / sqrt(mean(x ** 2 over the last dim) + eps) * weight, any leading dims, x's shape and dtype."""
     x = torch.randn(2, 3, 64, generator=_gen(0))  # [..., D] with two leading dims
     w = 1 + 0.1 * torch.randn(64, generator=_gen(1))
     out = rms_norm(x, w, 1e-5)
@@ -57,6 +58,7 @@ def test_rms_norm_formula():
 
 
 def test_rms_norm_eps_and_scale_invariance():
+    """Contract: eps sits inside the square root; RMSNorm only rescales (no mean subtracted)."""
     x = torch.randn(4, 32, generator=_gen(2))
     ones = torch.ones(32)
     adapters.expect_close(rms_norm(3.0 * x, ones, 0.0), rms_norm(x, ones, 0.0),
@@ -70,6 +72,7 @@ def test_rms_norm_eps_and_scale_invariance():
 
 
 def test_rms_norm_matches_transformers():
+    """Contract: the order transformers uses (cast back to x.dtype, then times weight); the result has x.dtype."""
     llama = _llama()
     for dtype, tol in [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)]:
         hf = llama.LlamaRMSNorm(48, eps=1e-6)
@@ -87,6 +90,7 @@ def test_rms_norm_matches_transformers():
 
 
 def test_rms_norm_statistics_in_float32():
+    """Contract: the mean of squares is computed in float32 whatever x.dtype is."""
     # |x| ~ 1000: x**2 ~ 1e6 overflows float16 (max 65504) unless squared in float32.
     x = (1000 * torch.randn(3, 64, generator=_gen(5))).half()
     w = torch.ones(64, dtype=torch.float16)
@@ -130,6 +134,7 @@ _POSITIONS = torch.tensor([0, 1, 2, 3, 0, 1, 0, 7, 100, 2047])
 
 
 def test_rope_cos_sin_values():
+    """Contract: angle[t, i] = positions[t] / theta ** (2i / head_dim); cos and sin [T, head_dim] in float32."""
     cos, sin = rope_cos_sin(_POSITIONS, 64, 100000.0)
     T = len(_POSITIONS)
     what = f"rope_cos_sin(positions {_POSITIONS.tolist()}, head_dim 64, theta 1e5)"
@@ -145,6 +150,7 @@ def test_rope_cos_sin_values():
 
 
 def test_rope_cos_sin_layout():
+    """Contract: the rotate-half layout: columns i and i + head_dim / 2 hold the same angle."""
     cos, sin = rope_cos_sin(torch.arange(6), 8, 10000.0)
     what = "rope_cos_sin(positions 0..5, head_dim 8, theta 1e4)"
     for name, t in (("cos", cos), ("sin", sin)):
@@ -158,6 +164,7 @@ def test_rope_cos_sin_layout():
 
 
 def test_apply_rope_formula():
+    """Contract: each pair (x[i], x[i + D/2]) is rotated by the angle of pair i, the same for every head."""
     T, H, D = len(_POSITIONS), 3, 16
     x = torch.randn(T, H, D, generator=_gen(6))
     cos, sin = (t.float() for t in _rope_ref(_POSITIONS, D, 10000.0))
@@ -171,6 +178,7 @@ def test_apply_rope_formula():
 
 
 def test_apply_rope_matches_transformers():
+    """Contract: the rotation of transformers' Llama, for queries and keys, in x.dtype."""
     llama = _llama()
     T, H, D = 7, 2, 32
     cos, sin = (t.float() for t in _rope_ref(torch.arange(T) * 3, D, 100000.0))
@@ -190,6 +198,7 @@ def test_apply_rope_matches_transformers():
 
 
 def test_apply_rope_encodes_relative_positions():
+    """Contract: position 0 leaves x unchanged, norms are preserved, q.k depends only on the distance."""
     D = 32
     q, k = torch.randn(2, 1, 1, D, generator=_gen(9))  # one query and one key, [1, 1, D] each
     positions = torch.tensor([0, 5, 9, 12, 16, 40])
@@ -229,7 +238,7 @@ def _filter_ref(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> t
         z = sum(math.exp(row[j] - row[order[0]]) for j in kept)
         mass = 0.0
         for j in kept:
-            if mass >= top_p[b]:
+            if top_p[b] < 1.0 and mass >= top_p[b]:  # 1.0 is no nucleus
                 break
             keep[b, j] = True
             mass += math.exp(row[j] - row[order[0]]) / z
@@ -254,6 +263,7 @@ def _check_filter(logits: torch.Tensor, top_k: list[int], top_p: list[float], wh
 
 
 def test_top_k_top_p_disabled_is_identity():
+    """Contract: top_k -1 and top_p 1.0 switch the filters off: every logit keeps its value."""
     logits = torch.randn(3, 20, generator=_gen(10))
     out = apply_top_k_top_p(logits, torch.tensor([-1, -1, -1]), torch.tensor([1.0, 1.0, 1.0]))
     what = "apply_top_k_top_p(logits [3, 20], top_k -1, top_p 1.0) (both filters off)"
@@ -262,6 +272,7 @@ def test_top_k_top_p_disabled_is_identity():
 
 
 def test_top_k_keeps_exactly_k():
+    """Contract 1: top-k keeps the top_k[b] largest logits (all of them if top_k[b] is -1 or >= V)."""
     logits = torch.randn(5, 12, generator=_gen(11))
     top_k = [1, 3, 12, -1, 20]
     _check_filter(logits, top_k, [1.0] * 5,
@@ -273,6 +284,7 @@ def test_top_k_keeps_exactly_k():
 
 
 def test_top_p_keeps_smallest_nucleus():
+    """Contract 2-3: top-p keeps the smallest set of most likely tokens whose probability reaches top_p, at least one."""
     probs = torch.tensor([[0.05, 0.50, 0.10, 0.20, 0.15]] * 5)  # sorted: .50 .20 .15 .10 .05
     top_p = [0.3, 0.6, 0.8, 0.97, 1e-6]
     _check_filter(probs.log(), [-1] * 5, top_p,
@@ -284,7 +296,32 @@ def test_top_p_keeps_smallest_nucleus():
                                              f"top_p {top_p}): finite logits per row")
 
 
+def test_top_p_stops_where_the_mass_reaches_top_p_exactly():
+    """Contract 2: keep a token while the probability of all more likely tokens is still below top_p."""
+    # Equal logits: every probability is exactly 1/4 (or 1/8) in float, and so is every partial sum.
+    # Which of the tied tokens survive is free; how many is not.
+    for V, top_p, want in [(4, 0.5, 2), (4, 0.75, 3), (4, 0.25, 1), (8, 0.5, 4)]:
+        logits = torch.zeros(1, V)
+        out = apply_top_k_top_p(logits, torch.tensor([-1]), torch.tensor([top_p]))
+        what = (f"apply_top_k_top_p(logits [1, {V}] all 0 (each token 1/{V}), top_k -1, top_p {top_p}): "
+                f"finite logits (tokens kept)")
+        adapters.expect(adapters.shape_of(out), (1, V), f"{what}: shape")
+        adapters.expect(int(torch.isfinite(out).sum()), want, what)
+        adapters.expect(out[torch.isfinite(out)].tolist(), [0.0] * want, f"{what}: their values")
+
+
+def test_top_p_one_keeps_a_far_tail():
+    """Contract: top_p 1.0 means no nucleus: every token top-k kept stays, however unlikely."""
+    # In float32 the mass before token 1 (probability 2e-9) rounds to exactly 1.0.
+    logits = torch.tensor([[0.0, -20.0, -40.0, -60.0], [5.0, -30.0, 0.0, -80.0]])
+    out = apply_top_k_top_p(logits, torch.tensor([-1, 3]), torch.tensor([1.0, 1.0]))
+    what = "apply_top_k_top_p(logits [[0, -20, -40, -60], [5, -30, 0, -80]], top_k [-1, 3], top_p [1.0, 1.0])"
+    adapters.expect(adapters.shape_of(out), (2, 4), f"{what}: shape")
+    adapters.expect(out.tolist(), [[0.0, -20.0, -40.0, -60.0], [5.0, -30.0, 0.0, -math.inf]], what)
+
+
 def test_top_k_then_top_p_renormalizes():
+    """Contract 2: top-p measures the softmax of the logits that top-k kept, renormalized."""
     # After top-k = 2, the survivors .4 and .3 renormalize to .57 and .43, so top_p = .5
     # keeps one token. Measured on the unfiltered distribution it would keep two.
     logits = torch.tensor([[0.1, 0.4, 0.2, 0.3]]).log()
@@ -293,6 +330,7 @@ def test_top_k_then_top_p_renormalizes():
 
 
 def test_top_k_top_p_random_rows():
+    """Contract: rows are independent: each uses its own top_k[b] and top_p[b]; the input is not modified."""
     g = _gen(12)
     B, V = 16, 40
     logits = 3 * torch.randn(B, V, generator=g)
@@ -307,6 +345,7 @@ def test_top_k_top_p_random_rows():
 
 
 def test_greedy_is_argmax():
+    """Contract: temperature 0 is greedy: the argmax, top_k and top_p ignored, no random number drawn."""
     logits = torch.randn(6, 50, generator=_gen(13))
     g = _gen(14)
     state = g.get_state()
@@ -321,6 +360,7 @@ def test_greedy_is_argmax():
 
 
 def test_sampling_is_reproducible():
+    """Contract: every random number comes from `generator`: the same seed gives the same tokens."""
     logits = torch.randn(30, generator=_gen(15))
 
     def run(seed: int) -> list[int]:
@@ -339,6 +379,7 @@ def test_sampling_is_reproducible():
 
 
 def test_sampling_stays_inside_filter():
+    """Contract: sampling draws only tokens the top-k then top-p filter keeps."""
     logits = torch.randn(20, generator=_gen(16))
     top2 = set(logits.topk(2).indices.tolist())
     g = _gen(17)
@@ -373,10 +414,14 @@ def _target_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
         ([0.1, 0.2, 0.3, 0.4], 0.5, -1, 1.0),  # sharper: p ** 2, renormalized
         ([0.05, 0.1, 0.15, 0.2, 0.25, 0.25], 1.5, 4, 1.0),
         ([0.05, 0.5, 0.25, 0.2], 1.0, -1, 0.6),  # nucleus {.5, .25} -> {2/3, 1/3}
+        # p ** 2 renormalized: .70, .18, .11, .01 -> nucleus {.70, .18} -> {.8, .2}; measured before
+        # the temperature, the nucleus would be {.5, .25, .2}
+        ([0.05, 0.5, 0.25, 0.2], 0.5, -1, 0.8),
     ],
-    ids=["plain", "temperature", "top_k", "top_p"],
+    ids=["plain", "temperature", "top_k", "top_p", "temperature_then_top_p"],
 )
 def test_sampling_frequencies(probs, temperature, top_k, top_p):
+    """Contract: tokens are drawn from softmax(filtered logits / temperature), filtered after the temperature."""
     logits = torch.tensor(probs).log()
     target = _target_probs(logits, temperature, top_k, top_p)  # [V]
     g = _gen(1234)
@@ -408,6 +453,7 @@ def _bytes_ref(num_params, bytes_per_param, kv_bytes_per_token, context_len, bat
 
 
 def test_decode_bytes_batch_of_one():
+    """Contract: at batch 1 a token pays for every weight plus its sequence's KV cache."""
     got = decode_bytes_per_token(_PARAMS, 2, _KV, 1024, 1)
     expected = _PARAMS * 2 + 1024 * _KV  # every weight once plus the sequence's KV cache
     adapters.expect_approx(got, expected, f"decode_bytes_per_token({_PARAMS}, 2, {_KV}, context 1024, batch 1)",
@@ -415,6 +461,7 @@ def test_decode_bytes_batch_of_one():
 
 
 def test_decode_bytes_formula():
+    """Contract: a step reads every weight once and each sequence's own KV cache; the bytes per token it produces."""
     cases = [(1_000_000, 4, 100, 10, 1), (_PARAMS, 2, _KV, 512, 8), (_PARAMS, 0.5, _KV, 4096, 64), (7e9, 2, 131072, 0, 3)]
     for args in cases:
         adapters.expect_approx(decode_bytes_per_token(*args), _bytes_ref(*args), f"decode_bytes_per_token{args}",
@@ -422,6 +469,7 @@ def test_decode_bytes_formula():
 
 
 def test_decode_bytes_batching_amortizes_weights():
+    """Contract: the weights are read once per step whatever the batch; each sequence reads its own KV."""
     batches = (1, 2, 8, 64, 4096)
     per_token = [decode_bytes_per_token(_PARAMS, 2, _KV, 1024, b) for b in batches]
     adapters.expect_that(all(a > b for a, b in zip(per_token, per_token[1:])),
@@ -468,6 +516,7 @@ def _greedy_ref(prompt, n, eos, V=11):
 
 
 def test_greedy_generate_feeds_the_prompt_once_then_one_token():
+    """Contract: the prompt is fed once at start 0, then only the token generated last; argmax of the last row."""
     m = _CountingModel()
     got = greedy_generate(m, [3, 1, 4, 1, 5], 6, eos_token_id=-1)
     what = "greedy_generate(model, prompt [3, 1, 4, 1, 5], max_new_tokens=6, no EOS)"
@@ -478,7 +527,15 @@ def test_greedy_generate_feeds_the_prompt_once_then_one_token():
     adapters.expect(len(m.calls), 6, f"{what}: forward calls (the last token is not fed)")
 
 
+def test_greedy_generate_zero_new_tokens():
+    """Contract: stop after max_new_tokens tokens: none at all for max_new_tokens=0."""
+    m = _CountingModel()
+    what = "greedy_generate(model, prompt [3, 1, 4], max_new_tokens=0, no EOS)"
+    adapters.expect(greedy_generate(m, [3, 1, 4], 0, eos_token_id=-1), [], f"{what}: tokens")
+
+
 def test_greedy_generate_stops_at_eos_and_keeps_it():
+    """Contract: generation stops right after emitting eos_token_id, which is included in the result."""
     prompt = [2, 2]
     ref = _greedy_ref(prompt, 50, eos=7)
     assert 7 in ref and len(ref) < 50  # the fake model reaches 7 within a few steps
@@ -492,6 +549,7 @@ def test_greedy_generate_stops_at_eos_and_keeps_it():
 
 @pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
 def test_quiz(qid):
+    """Contract: quiz_answers() holds the right answer to each of the chapter's questions."""
     answers = quiz_answers()
     adapters.expect_that(isinstance(answers, dict), "quiz_answers()", "a dict of answers", type(answers).__name__)
     ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
