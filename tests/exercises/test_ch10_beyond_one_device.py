@@ -64,6 +64,7 @@ def _check_shard(w: torch.Tensor, sizes: list[int], rank: int, parallel: str) ->
 
 
 def test_shard_linear_example():
+    """The docstring's example: column-parallel keeps rows start .. start + sizes[rank], row-parallel those columns."""
     w = torch.arange(12.0).reshape(4, 3)
     adapters.expect(shard_linear(w, [3, 1], 1, "column").tolist(), [[9.0, 10.0, 11.0]],
                     "shard_linear(arange(12).reshape(4, 3), sizes=[3, 1], rank=1, 'column') (row 3)")
@@ -74,6 +75,7 @@ def test_shard_linear_example():
 @pytest.mark.parametrize("parallel", ["column", "row"])
 @pytest.mark.parametrize("sizes", [[24], [12, 12], [8, 8, 8], [10, 6, 8], [6, 6, 6, 6]])
 def test_shard_linear_slices(parallel, sizes):
+    """Contract: exactly the elements of the rank's piece, in order, as a contiguous copy with storage of its own."""
     w = _weights(24, 24, seed=len(sizes) * 10 + sizes[0])
     for rank in range(len(sizes)):
         _check_shard(w, sizes, rank, parallel)
@@ -81,6 +83,7 @@ def test_shard_linear_slices(parallel, sizes):
 
 @pytest.mark.parametrize("parallel", ["column", "row"])
 def test_shard_linear_pieces_make_the_weight(parallel):
+    """Contract: the pieces of all ranks put back together (torch.cat along the split dimension) are the weight."""
     w = _weights(20, 36, seed=7)
     dim, n = (0, 20) if parallel == "column" else (1, 36)
     sizes = [n // 2 + 1, n - n // 2 - 1]
@@ -92,7 +95,8 @@ def test_shard_linear_pieces_make_the_weight(parallel):
 
 
 def test_shard_linear_smollm_kv_heads_on_two_ranks():
-    """SmolLM2-135M: 3 KV heads of 64 (k_proj is [192, 576]), 2 ranks: 2 heads and 1."""
+    """Contract: the pieces need not be equal: SmolLM2-135M's 3 KV heads of 64 (k_proj [192, 576]) on 2 ranks
+    are 2 heads and 1, in bfloat16 (the slice keeps the dtype)."""
     k_proj = _weights(192, 576, seed=135, dtype=torch.bfloat16)
     _check_shard(k_proj, [128, 64], 0, "column")
     _check_shard(k_proj, [128, 64], 1, "column")
@@ -101,12 +105,15 @@ def test_shard_linear_smollm_kv_heads_on_two_ranks():
 
 
 def test_shard_linear_an_empty_piece():
+    """Contract: the pieces need not be equal, and a piece may be 0."""
     w = _weights(8, 4, seed=2)
     _check_shard(w, [6, 0, 2], 1, "column")
     _check_shard(w, [6, 0, 2], 2, "column")
 
 
 def test_shard_linear_rejects_bad_input():
+    """Contract: ValueError for parallel not "column" or "row", a weight not 2-D, sizes not summing to the split
+    dimension, a size < 0, or a rank outside [0, len(sizes))."""
     w = _weights(8, 6, seed=3)
     cases = [
         ((w, [4, 4], 0, "col"), "parallel='col' (only 'column' or 'row')"),
@@ -254,16 +261,19 @@ def _grade_parallel_mlp(fn, T: int, hidden: int, sizes: list[int], mode: str = "
                          ids=["N1", "N2", "N3", "N3-uneven", "N4"])
 @pytest.mark.parametrize("T", [1, 7])
 def test_parallel_mlp_matches_the_unsharded_mlp(sizes, T):
+    """Contract: exactly one all_reduce, after the down projection; every rank's result equals the unsharded MLP."""
     _grade_parallel_mlp(parallel_mlp, T, 32, sizes, seed=T * 10 + len(sizes))
 
 
 @pytest.mark.parametrize("sizes", [[24, 24], [16, 16, 16, 16]], ids=["N2", "N4"])
 def test_parallel_mlp_with_an_in_place_all_reduce(sizes):
+    """Contract: all_reduce may sum its argument in place and return it: use what it returns."""
     _grade_parallel_mlp(parallel_mlp, 5, 32, sizes, mode="in_place", seed=3)
 
 
 def test_parallel_mlp_smollm_shapes_on_two_ranks():
-    """SmolLM2-135M's MLP (hidden 576, intermediate 1536), a decode step of 8 tokens on 2 ranks."""
+    """Contract: every rank's result equals the unsharded MLP, at SmolLM2-135M's shapes (hidden 576,
+    intermediate 1536), a decode step of 8 tokens on 2 ranks."""
     _grade_parallel_mlp(parallel_mlp, 8, 576, [768, 768], seed=135)
 
 
@@ -299,6 +309,7 @@ def _ignores_the_sum(x, gate_up, down, all_reduce):  # calls all_reduce, returns
     (_ignores_the_sum, "output against the unsharded MLP"),
 ], ids=["all-reduce-after-gate-up", "two-all-reduces", "ignores-the-returned-sum"])
 def test_the_grader_fails_a_wrong_parallel_mlp(wrong, expected):
+    """The grader itself: a misplaced, doubled or ignored all-reduce fails the N-rank check."""
     with pytest.raises(pytest.fail.Exception) as failed:
         _grade_parallel_mlp(wrong, 5, 32, [16, 16], seed=1)
     assert expected in str(failed.value), str(failed.value)
@@ -324,6 +335,7 @@ def test_the_grader_passes_the_wrong_placement_on_one_rank_only():
     (30, 576, 0, 4),      # no tokens this step
 ])
 def test_allreduce_bytes_per_step(layers, hidden, tokens, dtype_bytes):
+    """Contract: 2 * num_layers * hidden_size * num_tokens * dtype_bytes, as an int; zero tokens or layers: 0 bytes."""
     want = 2 * layers * hidden * tokens * dtype_bytes
     got = allreduce_bytes_per_step(layers, hidden, tokens, dtype_bytes)
     adapters.expect_that(type(got) is int and got == want,
@@ -334,6 +346,8 @@ def test_allreduce_bytes_per_step(layers, hidden, tokens, dtype_bytes):
 
 
 def test_allreduce_bytes_per_step_rejects_bad_input():
+    """Contract: ValueError for an argument that is negative or not an int (a float or a bool), or dtype_bytes
+    not one of 1, 2, 4, 8."""
     good = dict(num_layers=30, hidden_size=576, num_tokens=8, dtype_bytes=4)
     bad = [("num_layers", -1), ("hidden_size", -576), ("num_tokens", -8), ("num_tokens", 8.0),
            ("hidden_size", 576.0), ("num_layers", "30"), ("num_tokens", True), ("dtype_bytes", True),
@@ -349,6 +363,7 @@ def test_allreduce_bytes_per_step_rejects_bad_input():
 
 @pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
 def test_quiz(qid):
+    """The chapter's questions: each answer as the question asks for it."""
     answers = quiz_answers()
     assert isinstance(answers, dict), f"quiz_answers() must return a dict of answers, got {type(answers).__name__}"
     ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
