@@ -37,6 +37,7 @@ def _gen(seed: int) -> torch.Generator:
 
 
 def test_blocks_needed():
+    """Contract: the smallest b with b * block_size >= num_tokens; 0 tokens need 0 blocks; exact for any integer."""
     cases = [(0, 16, 0), (1, 16, 1), (16, 16, 1), (17, 16, 2), (100, 1, 100), (8192, 16, 512), (8193, 16, 513)]
     for n, bs, want in cases:
         got = blocks_needed(n, bs)
@@ -51,6 +52,7 @@ def test_blocks_needed():
 
 
 def test_slot_mapping_example():
+    """Contract: position p has slot block_table[p // block_size] * block_size + p % block_size; start .. end-1."""
     # position p lives in slot block_table[p // block_size] * block_size + p % block_size
     adapters.expect(slot_mapping([7, 2, 5], 4, 2, 10), [30, 31, 8, 9, 10, 11, 20, 21],
                     "slot_mapping(block_table [7, 2, 5], block_size 4, positions 2..9)")
@@ -60,12 +62,16 @@ def test_slot_mapping_example():
 
 
 def test_slot_mapping_random_tables():
+    """Contract: end - start Python ints in position order, through a block table whose blocks sit anywhere."""
     rng = random.Random(0)
+    cases = []
     for _ in range(50):
         bs = rng.choice([1, 2, 8, 16])
         table = rng.sample(range(64), rng.randint(1, 8))
         start = rng.randrange(len(table) * bs)
         end = rng.randint(start, len(table) * bs)
+        cases.append((bs, table, start, end))
+    for bs, table, start, end in sorted(cases, key=lambda c: (len(c[1]) * c[0], c[3] - c[2])):  # smallest first
         got = slot_mapping(table, bs, start, end)
         want = []
         for p in range(start, end):  # the definition, one position at a time
@@ -82,6 +88,7 @@ def test_slot_mapping_random_tables():
 
 
 def test_allocate_takes_from_the_front():
+    """Contract: the first n ids of free_list, in order, removed from it, each with count 1; n == 0 returns []."""
     free, refs = [3, 0, 1, 2], [0, 0, 0, 0]
     what = "allocate_blocks(free [3, 0, 1, 2], refs [0, 0, 0, 0], n=2)"
     adapters.expect(allocate_blocks(free, refs, 2), [3, 0], f"{what}: blocks returned")
@@ -93,6 +100,7 @@ def test_allocate_takes_from_the_front():
 
 
 def test_allocate_is_all_or_nothing():
+    """Contract: with fewer than n free blocks, raise RuntimeError and leave both lists unchanged."""
     free, refs = [5, 6], [0] * 8
     what = "allocate_blocks(free [5, 6], refs [0] * 8, n=3)"
     adapters.expect_raises(RuntimeError, what, allocate_blocks, free, refs, 3)
@@ -101,6 +109,7 @@ def test_allocate_is_all_or_nothing():
 
 
 def test_free_returns_blocks_to_the_back():
+    """Contract: each count drops by one; a block whose count reaches 0 is appended to the END of free_list."""
     free, refs = [4], [1, 1, 0, 1, 0]
     what = "free_blocks(free [4], refs [1, 1, 0, 1, 0], blocks [3, 0])"
     free_blocks(free, refs, [3, 0])
@@ -109,6 +118,7 @@ def test_free_returns_blocks_to_the_back():
 
 
 def test_shared_blocks_and_double_free():
+    """Contract: a shared block is free only when its last holder frees it; a double free raises ValueError."""
     free, refs = [], [2, 1]  # block 0 is shared by two block tables
     free_blocks(free, refs, [0])
     what = "free_blocks(free [], refs [2, 1], blocks [0])"
@@ -122,6 +132,7 @@ def test_shared_blocks_and_double_free():
 
 
 def test_allocator_random_operations():
+    """Contract: after any allocations, shares and frees, counts are holders and the free list holds the rest."""
     rng = random.Random(1)
     n = 16
     free, refs = list(range(n)), [0] * n
@@ -169,6 +180,7 @@ def _fold(scores: torch.Tensor, v: torch.Tensor, cuts: list[int]):
 
 
 def test_online_softmax_equals_dense():
+    """Contract: m = max(s), l = sum(exp(s - m)), acc = sum(exp(s - m) * v); old terms rescaled by exp(m - m_new)."""
     g = _gen(2)
     H, N, D = 3, 40, 8
     scores = 2 * torch.randn(H, N, generator=g)
@@ -188,6 +200,7 @@ def test_online_softmax_equals_dense():
 
 
 def test_online_softmax_large_scores_and_masked_blocks():
+    """Contract: never computes exp of a large positive number; a head whose scores are all -inf so far gets no NaN."""
     g = _gen(3)
     H, N, D = 2, 24, 4
     scores = 1000 + 5 * torch.randn(H, N, generator=g)  # exp(1000) overflows: subtract the max first
@@ -206,6 +219,7 @@ def test_online_softmax_large_scores_and_masked_blocks():
 
 
 def test_online_softmax_all_masked_so_far():
+    """Contract: a head whose scores are all -inf so far keeps m = -inf, l = 0, acc = 0, and no NaN appears."""
     H, D = 2, 4
     m, l, acc = torch.full((H,), -math.inf), torch.zeros(H), torch.zeros(H, D)
     scores = torch.full((H, 3), -math.inf)
@@ -216,6 +230,19 @@ def test_online_softmax_all_masked_so_far():
                              note="exp(-inf - -inf) is NaN: a head whose max is -inf needs a guard")
     adapters.expect(l.tolist(), [0.0] * H, f"{what}: l")
     adapters.expect(acc.tolist(), [[0.0] * D] * H, f"{what}: acc")
+
+
+def test_online_softmax_returns_float32():
+    """Contract: returns the new (m, l, acc), float32, whatever the dtype of the scores and values."""
+    g = _gen(6)
+    H, N, D = 2, 5, 4
+    scores = torch.randn(H, N, generator=g, dtype=torch.float64)
+    v = torch.randn(N, H, D, generator=g).to(torch.bfloat16)
+    m, l, acc = torch.full((H,), -math.inf), torch.zeros(H), torch.zeros(H, D)
+    got = online_softmax_update(m, l, acc, scores, v)
+    what = "online_softmax_update(float32 state, float64 scores [2, 5], bfloat16 v [5, 2, 4])"
+    for name, t in zip(("m", "l", "acc"), got):
+        adapters.expect(getattr(t, "dtype", type(t).__name__), torch.float32, f"{what}: dtype of {name}")
 
 
 # ---------------------------------------------------------------- paged decode attention
@@ -236,6 +263,7 @@ def _reference(q, k_cache, v_cache, table, n, scale):
 @pytest.mark.parametrize("block_size, n, Hq, Hkv", [(4, 13, 6, 2), (8, 8, 4, 4), (16, 1, 3, 1), (2, 31, 8, 2)],
                          ids=["ragged-gqa", "one-full-block-mha", "single-token", "many-blocks"])
 def test_paged_decode_attention(block_size, n, Hq, Hkv):
+    """Contract: out[h] = softmax(scale * q[h] . K^T) @ V over K/V head h // (Hq // Hkv), in block-table order."""
     g = _gen(4)
     D, num_blocks = 16, 24
     k_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=g)
@@ -255,6 +283,7 @@ def test_paged_decode_attention(block_size, n, Hq, Hkv):
 
 
 def test_paged_decode_attention_ignores_garbage_and_unused_table_entries():
+    """Contract: slots past context_len may hold NaN; only the first blocks_needed(context_len) entries are read."""
     g = _gen(5)
     bs, Hkv, Hq, D, n = 4, 1, 2, 8, 6
     k_cache = torch.randn(6, bs, Hkv, D, generator=g)
@@ -279,6 +308,7 @@ def test_paged_decode_attention_ignores_garbage_and_unused_table_entries():
 
 
 def test_choose_victim_is_the_newest_and_leaves_the_list_alone():
+    """Contract: return the request admitted LAST (the end of running, oldest first); never modify the list."""
     from minillm.request import Request
     from minillm.sampling_params import SamplingParams
 
@@ -293,11 +323,13 @@ def test_choose_victim_is_the_newest_and_leaves_the_list_alone():
     cases = [requests, requests[:1], requests[:2], requests[:3], [requests[2], requests[0], requests[3]]]
     # every request is the right answer in some case: a fixed position or size rule fails
     assert {c[-1].request_id for c in cases} == {r.request_id for r in requests}
-    for running in cases:
+    for case in cases:
+        running = list(case)  # each call gets its own list: a call that modifies it spoils no other case
         before = list(running)
+        want = running[-1]
         what = f"choose_victim(running {[r.request_id for r in running]}, oldest first)"
         got = choose_victim(running)
-        adapters.expect_that(got is running[-1], what, f"request {running[-1].request_id} (admitted last)",
+        adapters.expect_that(got is want, what, f"request {want.request_id} (admitted last)",
                              f"request {got.request_id}" if isinstance(got, Request) else repr(got))
         adapters.expect([r.request_id for r in running], [r.request_id for r in before],
                         f"{what}: the running list after the call")
@@ -317,8 +349,27 @@ def _store_ref(k, v, k_cache, v_cache, slots):
     return kc.view_as(k_cache), vc.view_as(v_cache)
 
 
-@pytest.mark.parametrize("H,D,block_size,T", [(3, 64, 16, 7), (2, 8, 4, 5), (1, 16, 8, 1)])
+def test_store_kv_triton_writes_the_edges_of_the_cache():
+    """Contract: row slot_mapping[t] <- k[t] (v[t]) for every slot >= 0, slot 0 included; a slot of -1 is skipped."""
+    pytest.importorskip("triton")
+    g = torch.Generator().manual_seed(7)
+    H, D, block_size, num_blocks = 2, 8, 4, 3
+    slots = torch.tensor([0, num_blocks * block_size - 1, -1, block_size])  # first slot, last slot, padding, block 1
+    k = torch.randn(4, H, D, generator=g)
+    v = torch.randn(4, H, D, generator=g)
+    k_cache = torch.full((num_blocks, block_size, H, D), float("nan"))
+    v_cache = torch.full((num_blocks, block_size, H, D), float("nan"))
+    want_k, want_v = _store_ref(k, v, k_cache, v_cache, slots)
+    store_kv_triton(k, v, k_cache, v_cache, slots)
+    what = f"store_kv_triton(T=4, {H} heads, D={D}, block_size {block_size}, slot_mapping {slots.tolist()})"
+    note = "slot 0 is a real slot (block 0, offset 0); only -1 marks a padding token"
+    adapters.expect_close(k_cache, want_k, f"{what}: k_cache", equal_nan=True, note=note)
+    adapters.expect_close(v_cache, want_v, f"{what}: v_cache", equal_nan=True, note=note)
+
+
+@pytest.mark.parametrize("H,D,block_size,T", [(1, 16, 8, 1), (2, 8, 4, 5), (3, 64, 16, 7)])
 def test_store_kv_triton_writes_each_token_to_its_slot(H, D, block_size, T):
+    """Contract: the flat cache gets row slot_mapping[t] <- k[t] (v[t]); every other slot is left untouched."""
     pytest.importorskip("triton")
     g = torch.Generator().manual_seed(H * 100 + T)
     num_blocks = 6
@@ -338,6 +389,7 @@ def test_store_kv_triton_writes_each_token_to_its_slot(H, D, block_size, T):
 
 
 def test_store_kv_triton_reads_strided_rows():
+    """Contract: k, v [T, Hkv, D] have head_dim contiguous but their rows may be strided."""
     pytest.importorskip("triton")
     g = torch.Generator().manual_seed(5)
     qkv = torch.randn(4, 3 * 2, 16, generator=g)  # a fused projection: k is a strided view of it
@@ -358,6 +410,7 @@ def test_store_kv_triton_reads_strided_rows():
 
 @pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
 def test_quiz(qid):
+    """Contract: quiz_answers() returns a dict {question id: answer}; each answer matches the question's."""
     answers = quiz_answers()
     adapters.expect_that(isinstance(answers, dict), "quiz_answers()", "a dict of answers", type(answers).__name__)
     ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
