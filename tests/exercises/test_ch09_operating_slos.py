@@ -57,24 +57,30 @@ def _check_offload(evictable, on_host, now, idle_s, note: str = "") -> None:
 
 
 def test_offload_example():
+    """Contract: the idle blocks not in on_host, in the pool's (LRU) order."""
     _check_offload([(4, 5.0), (9, 7.5), (2, 8.0), (6, 9.5)], {9}, 10.0, 2.0,
                    " (9 is on the host already, 6 has waited 0.5 s only)")
 
 
 def test_offload_idle_is_inclusive():
+    """Contract: a block is idle when now - freed_at >= idle_s (inclusive)."""
     _check_offload([(1, 1.0), (2, 1.5), (3, 2.0)], set(), 3.5, 2.0,
                    " (block 2 has waited exactly idle_s: idle)")
     _check_offload([(1, 0.25), (2, 0.5)], set(), 0.5, 0.0, " (idle_s 0: every block is idle)")
 
 
 def test_offload_nothing_to_copy():
+    """Contract: nothing idle, or every idle block on the host already: an empty list."""
     _check_offload([], set(), 5.0, 1.0, " (an empty pool)")
     _check_offload([(3, 4.5), (7, 4.75)], set(), 5.0, 1.0, " (no block has waited idle_s)")
     _check_offload([(3, 1.0), (7, 2.0), (8, 9.0)], {3, 7}, 5.0, 1.0, " (the idle ones are all on the host)")
 
 
 def test_offload_random():
+    """Contract: the idle blocks not on the host, in LRU order; the inputs are not modified (random pools, smallest
+    first)."""
     rng = random.Random(9)
+    cases = []
     for _ in range(300):
         ids = rng.sample(range(64), rng.randint(0, 10))
         t, pool = 0.0, []
@@ -83,7 +89,9 @@ def test_offload_random():
             pool.append((b, t))
         host = {b for b in ids if rng.random() < 0.3}
         now = t + rng.choice([0.0, 0.5, 1.0, 3.0])
-        _check_offload(pool, host, now, rng.choice([0.0, 0.5, 1.0, 2.0, 4.0]))
+        cases.append((pool, host, now, rng.choice([0.0, 0.5, 1.0, 2.0, 4.0])))
+    for pool, host, now, idle_s in sorted(cases, key=lambda c: len(c[0])):
+        _check_offload(pool, host, now, idle_s)
 
 
 # ---------------------------------------------------------------- slo_decision
@@ -146,10 +154,12 @@ def _check_slo(budget, ttft, itl, ttft_target, itl_target, note: str = "", **kw)
 ], ids=["itl-over", "both-over", "ttft-over-itl-room", "ttft-over-itl-band", "ttft-band", "both-under", "itl-band",
         "ttft-only-under", "ttft-only-over", "itl-only", "nothing"])
 def test_slo_decision_examples(ttft, itl, why):
+    """Contract: the first of the six cases that applies decides."""
     _check_slo(128, ttft, itl, 2.0, 0.1, f" ({why})")
 
 
 def test_slo_decision_targets_switched_off():
+    """Contract: a metric is watched when both its p95 and its target are given."""
     _check_slo(128, 3.0, 0.15, None, 0.1, " (no TTFT target: the ITL alone, chapter 7's rule)")
     _check_slo(128, 3.0, 0.05, None, 0.1, " (no TTFT target: a TTFT over 2 s means nothing)")
     _check_slo(128, 3.0, 0.15, 2.0, None, " (no ITL target: an ITL over 0.1 s means nothing; the TTFT gives back)")
@@ -158,6 +168,7 @@ def test_slo_decision_targets_switched_off():
 
 
 def test_slo_decision_band_edges():
+    """Contract: over means p95 > target; the band is headroom * target <= p95 <= target (hysteresis: hold)."""
     # Targets and headroom whose products are exact in binary: 0.75 x 2.0 = 1.5, 0.75 x 0.5 = 0.375.
     kw = dict(headroom=0.75)
     _check_slo(64, 2.0, 0.25, 2.0, 0.5, " (TTFT exactly at its target: in the band, not over)", **kw)
@@ -168,6 +179,8 @@ def test_slo_decision_band_edges():
 
 
 def test_slo_decision_clamps_and_rounds():
+    """Contract: a cut is floor(budget * decrease), a give-back ceil(budget / decrease); the result is clamped to
+    [min_budget, max_budget], an int."""
     _check_slo(400, 3.0, 0.05, 2.0, 0.1, " (a give-back past max_budget stops at it)")
     _check_slo(24, 1.0, 0.15, 2.0, 0.1, " (a cut below min_budget stops at it)")
     _check_slo(510, 1.0, 0.05, 2.0, 0.1, " (growth past max_budget stops at it)")
@@ -179,12 +192,14 @@ def test_slo_decision_clamps_and_rounds():
 
 
 def test_slo_decision_room_is_chapter_7s_rule():
+    """Contract: the ITL has room when itl_next > budget (chapter 7's rule would grow it)."""
     _check_slo(128, 3.0, 0.05, 2.0, 0.1, " (increase 0: chapter 7's rule would keep the budget, so the ITL has no "
                                          "room and the TTFT gives nothing back)", increase=0)
     _check_slo(128, 1.0, 0.05, 2.0, 0.1, " (increase 0: nothing grows)", increase=0)
 
 
 def test_slo_decision_random():
+    """Contract: the six cases in order, clamped, an int (random settings)."""
     rng = random.Random(7)
     for _ in range(3000):
         lo = rng.choice([1, 4, 16, 32])
@@ -220,6 +235,7 @@ def _ci(fn, a, b, q, n_boot=2000, seed=0, conf=0.95) -> tuple[float, float, floa
 
 @pytest.mark.parametrize("q", [0, 10, 37.5, 50, 95, 100])
 def test_bootstrap_diff_is_the_difference_of_percentiles(q):
+    """Contract: diff = np.percentile(b, q) - np.percentile(a, q) (linear interpolation)."""
     rng = np.random.default_rng(11)
     a, b = _sample(rng, 17), _sample(rng, 30, shift=0.4)
     want = float(np.percentile(b, q) - np.percentile(a, q))
@@ -230,6 +246,7 @@ def test_bootstrap_diff_is_the_difference_of_percentiles(q):
 
 
 def test_bootstrap_returns_floats():
+    """Contract: returns (diff, (low, high)) as floats."""
     got = bootstrap_ci([1.0, 2.0, 4.0], [2.0, 3.0, 7.0], 50, 20, 0, 0.9)
     shape = type(got).__name__
     if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], tuple) and len(got[1]) == 2:
@@ -238,6 +255,7 @@ def test_bootstrap_returns_floats():
 
 
 def test_bootstrap_no_spread_gives_a_point():
+    """Contract: the interval is taken from the n_boot resampled differences: no spread, a point."""
     adapters.expect(_ci(bootstrap_ci, [1.0] * 5, [1.0] * 5, 50), (0.0, 0.0, 0.0),
                     "(diff, low, high) of two identical constant samples (every resample is the same)")
     adapters.expect(_ci(bootstrap_ci, [1.5], [4.0], 95), (2.5, 2.5, 2.5),
@@ -248,6 +266,8 @@ def test_bootstrap_no_spread_gives_a_point():
 
 
 def test_bootstrap_is_seeded_and_leaves_the_global_generators_alone():
+    """Contract: the same inputs and seed give the same answer, from a generator of your own
+    (np.random.default_rng(seed)), never the global one."""
     rng = np.random.default_rng(3)
     a, b = _sample(rng, 40), _sample(rng, 40, shift=0.2)
     py_state, np_state = random.getstate(), np.random.get_state()
@@ -268,6 +288,8 @@ def test_bootstrap_is_seeded_and_leaves_the_global_generators_alone():
 
 
 def test_bootstrap_interval_within_the_resampled_range():
+    """Contract: the interval is made of resampled differences of percentiles: never outside [min(b) - max(a), max(b) -
+    min(a)]."""
     rng = np.random.default_rng(4)
     for n_a, n_b, q in [(5, 8, 50), (12, 3, 95), (30, 30, 5), (2, 2, 50)]:
         a, b = _sample(rng, n_a), _sample(rng, n_b, shift=1.0)
@@ -295,6 +317,8 @@ def _check_coverage(fn) -> None:
 
 
 def test_bootstrap_covers_the_true_difference():
+    """Contract: resample a and b independently with replacement, each to its own size; the quantiles (1 - conf) / 2
+    and 1 - (1 - conf) / 2 of the differences."""
     _check_coverage(bootstrap_ci)
 
 
@@ -311,6 +335,7 @@ def _check_narrowing(fn) -> None:
 
 
 def test_bootstrap_interval_narrows_as_samples_grow():
+    """Contract: each side is resampled to its own size: more requests, a narrower interval."""
     _check_narrowing(bootstrap_ci)
 
 
@@ -327,10 +352,12 @@ def _check_conf(fn) -> None:
 
 
 def test_bootstrap_conf_sets_the_width():
+    """Contract: the interval is the (1 - conf) / 2 and 1 - (1 - conf) / 2 quantiles of the n_boot differences."""
     _check_conf(bootstrap_ci)
 
 
 def test_bootstrap_sees_a_clear_shift():
+    """Contract: an interval entirely above 0 for a clearly slower B, below for a clearly faster one."""
     rng = np.random.default_rng(5)
     a, b = _sample(rng, 50), _sample(rng, 50, shift=3.0)
     _, low, high = _ci(bootstrap_ci, a, b, 50, n_boot=1000)
@@ -342,6 +369,7 @@ def test_bootstrap_sees_a_clear_shift():
 
 
 def test_bootstrap_rejects_bad_input():
+    """Contract: ValueError when a or b is empty, q is outside [0, 100], n_boot < 1, or conf is not in (0, 1)."""
     a, b = [1.0, 2.0, 3.0], [2.0, 2.5]
     cases = [(([], b, 50), "an empty a"), ((a, [], 50), "an empty b"), ((a, b, -1), "q=-1"),
              ((a, b, 100.5), "q=100.5"), ((a, b, 50, 0), "n_boot=0"), ((a, b, 50, 100, 0, 0.0), "conf=0"),
@@ -351,6 +379,7 @@ def test_bootstrap_rejects_bad_input():
 
 
 def test_bootstrap_leaves_its_inputs_alone():
+    """Contract: a and b are not modified."""
     a, b = [3.0, 1.0, 2.0], [5.0, 4.0]
     bootstrap_ci(a, b, 50, 50, 0, 0.95)
     adapters.expect((a, b), ([3.0, 1.0, 2.0], [5.0, 4.0]), "(a, b) after bootstrap_ci (not sorted in place)")
@@ -394,6 +423,7 @@ def _conf_as_tails(a, b, q, n_boot=2000, seed=0, conf=0.95):  # quantiles conf /
     (_conf_as_tails, _check_conf, "the width of the 99% interval"),
 ], ids=["no-interval", "pooled-resampling", "conf-as-tails-coverage", "conf-as-tails-width"])
 def test_the_grader_fails_a_wrong_bootstrap(wrong, check, expected):
+    """Contract: (the grader itself) the coverage and width checks fail a bootstrap that breaks the interval's rule."""
     with pytest.raises(pytest.fail.Exception) as failed:
         check(wrong)
     assert expected in str(failed.value), str(failed.value)
@@ -404,6 +434,7 @@ def test_the_grader_fails_a_wrong_bootstrap(wrong, check, expected):
 
 @pytest.mark.parametrize("qid", [q.qid for q in quiz.questions(CHAPTER)])
 def test_quiz(qid):
+    """Contract: quiz_answers() returns a dict of this chapter's answers."""
     answers = quiz_answers()
     adapters.expect(type(answers).__name__, "dict", "the type quiz_answers() returns (a dict of answers)")
     ok, why = quiz.check(CHAPTER, qid, answers.get(qid))
