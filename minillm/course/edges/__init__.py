@@ -71,11 +71,11 @@ def difference(got: Any, want: Any, path: str = "") -> str:
 _library: dict[tuple[str, str], Any] = {}  # (chapter, case) -> what the library's code decided
 
 
-def check(chapter: str, fns: dict[str, Callable]) -> list[str]:
-    """Run every edge case of ``chapter`` that uses one of ``fns`` (seam name -> function),
-    with the library's code and then with ``fns`` plugged; one line per case that differs
-    or stops (a broken invariant, a crash). An empty list: the engine decided the same."""
-    problems = []
+def outcomes(chapter: str, fns: dict[str, Callable]) -> list[tuple[EdgeCase, str]]:
+    """Every edge case of ``chapter`` that uses one of ``fns`` (seam name -> function), run with
+    the library's code and then with ``fns`` plugged: (case, "" if the engine decided the same,
+    else what differed or why it stopped: a broken invariant, a crash)."""
+    out = []
     for case in cases(chapter):
         used = {n: f for n, f in fns.items() if n in case.seams and f is not None}
         if not used:
@@ -88,31 +88,34 @@ def check(chapter: str, fns: dict[str, Callable]) -> list[str]:
             with seams.plug(**used):
                 got = case.run()
         except seams.SeamContractError as e:
-            problems.append(f"{case.name}: the engine stopped: {e}")
+            out.append((case, f"the engine stopped: {e}"))
             continue
         except NotImplementedError:
             raise
         except Exception as e:  # the learner's function crashed inside the engine
-            problems.append(f"{case.name}: the engine stopped: {type(e).__name__}: {e}")
+            out.append((case, f"the engine stopped: {type(e).__name__}: {e}"))
             continue
-        if got != want:
-            problems.append(f"{case.name}: {difference(got, want).lstrip(': ')}")
-    return problems
+        out.append((case, "" if got == want else difference(got, want).lstrip(": ")))
+    return out
+
+
+def check(chapter: str, fns: dict[str, Callable]) -> list[str]:
+    """One line per edge case where ``fns`` plugged in made the engine decide differently from
+    the library's code, or stop; an empty list: the engine decided the same in every case."""
+    return [f"{case.name}: {problem}" for case, problem in outcomes(chapter, fns) if problem]
 
 
 def report(chapter: str, fns: dict[str, Callable]) -> list[str]:
-    """``check``, printed: one line per case run, "identical" or what differed."""
-    problems = check(chapter, fns)
-    ran = [c for c in cases(chapter) if any(n in c.seams for n in fns)]
-    if not ran:
-        return problems
-    if problems:
-        print(f"edge cases: {len(problems)} of {len(ran)} differ from the library:")
-        for p in problems:
-            print(f"  {p}")
-    else:
-        print(f"edge cases ({'; '.join(c.name for c in ran)}): the engine decided as with the library's code")
-    return problems
+    """``check``, printed: how many edge cases ran, then one line per case, what it reaches and
+    "same" or what differed."""
+    ran = outcomes(chapter, fns)
+    if ran:
+        bad = sum(1 for _, problem in ran if problem)
+        print(f"edge cases: {bad} of {len(ran)} differ from the library's" if bad else
+              f"edge cases: the engine decided as with the library's code in all {len(ran)}")
+        for case, problem in ran:
+            print(f"  - {case.name}: {problem or 'same'}")
+    return [f"{case.name}: {problem}" for case, problem in ran if problem]
 
 
-__all__ = ["EdgeCase", "cases", "check", "difference", "report"]
+__all__ = ["EdgeCase", "cases", "check", "difference", "outcomes", "report"]
