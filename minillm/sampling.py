@@ -291,7 +291,24 @@ def sample_from_probs_at(probs: torch.Tensor, seeds: Sequence[int | None], posit
     """probs [B, V] -> tokens [B]: row b is the exponential race with the noise of (seeds[b], positions[b])."""
     B, V = probs.shape
     gens = [None] * B if generators is None else generators
-    noise = torch.cat([position_noise(s, [pos], V, g, probs.device) for s, pos, g in zip(seeds, positions, gens)])
+    device = next((g.device for g in gens if g is not None), probs.device)
+    if any(g is not None and g.device != device for g in gens):  # mixed devices: row by row
+        noise = torch.cat([position_noise(s, [pos], V, g, probs.device) for s, pos, g in zip(seeds, positions, gens)])
+        return exponential_race(probs, noise.to(probs.device, probs.dtype))
+    # position_noise's numbers, drawn into one buffer: each row seeded and transformed on its own
+    # (the same ops on the same V numbers, so bit for bit the same), without a tensor and a cat a row.
+    noise = torch.empty(B, V, device=device)
+    scratch = None
+    for b, (s, pos, g) in enumerate(zip(seeds, positions, gens)):
+        row = noise[b]
+        if s is None:
+            torch.rand(V, out=row)  # unseeded: the global generator, as exponential_noise draws it
+        else:
+            if g is None:
+                g = scratch = scratch or torch.Generator(device=device)
+            g.manual_seed(noise_seed(s, pos))
+            torch.rand(V, generator=g, out=row)
+        row.neg_().log1p_().neg_()
     return exponential_race(probs, noise.to(probs.device, probs.dtype))
 
 
