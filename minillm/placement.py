@@ -45,6 +45,11 @@ def resolve(device: str | None = None, dtype: str | None = None,
     dev = torch.device(device)
     if dev.type == "cuda" and not cuda_available():
         raise ValueError("device='cuda' was asked for but no CUDA GPU is visible; use device='cpu'")
+    if attention_backend is None:
+        attention_backend = "triton" if dev.type == "cuda" else default_cpu_backend()
+    if attention_backend == "cpu" and dev.type != "cpu":
+        raise ValueError(f"attention_backend='cpu' runs on the CPU; on {dev} use attention_backend='triton' "
+                         "(or 'torch')")
     if dev.type == "cuda":
         check_cuda_capability(dev)
     if dtype is None:
@@ -54,11 +59,6 @@ def resolve(device: str | None = None, dtype: str | None = None,
         raise ValueError(f"dtype='bfloat16' on {torch.cuda.get_device_name(dev)} (sm_{major}{minor}), which has no "
                          "bfloat16 arithmetic (it needs sm_80 or newer): use dtype='float16', the default on this "
                          "GPU, or 'float32'")
-    if attention_backend is None:
-        attention_backend = "triton" if dev.type == "cuda" else default_cpu_backend()
-    if attention_backend == "cpu" and dev.type != "cpu":
-        raise ValueError(f"attention_backend='cpu' runs on the CPU; on {dev} use attention_backend='triton' "
-                         "(or 'torch')")
     if attention_backend == "triton" and dev.type == "cpu":
         if not triton_interpreter():
             raise ValueError(
