@@ -163,7 +163,7 @@ def engine_check(m: mutants.Mutant) -> str | None:
         return None
     if m.same_in_engine:
         return f"the same decisions by construction: {m.same_in_engine}"
-    problems = edges.check(m.chapter, {m.function: m.fn})
+    problems = edges.check(m.chapter, {m.function: m.fn}, first=True)
     return problems[0] if problems else ""
 
 

@@ -71,10 +71,11 @@ def difference(got: Any, want: Any, path: str = "") -> str:
 _library: dict[tuple[str, str], Any] = {}  # (chapter, case) -> what the library's code decided
 
 
-def outcomes(chapter: str, fns: dict[str, Callable]) -> list[tuple[EdgeCase, str]]:
+def outcomes(chapter: str, fns: dict[str, Callable], first: bool = False) -> list[tuple[EdgeCase, str]]:
     """Every edge case of ``chapter`` that uses one of ``fns`` (seam name -> function), run with
     the library's code and then with ``fns`` plugged: (case, "" if the engine decided the same,
-    else what differed or why it stopped: a broken invariant, a crash)."""
+    else what differed or why it stopped: a broken invariant, a crash). ``first``: stop at the
+    first case that differs (the cases are listed cheapest first)."""
     out = []
     for case in cases(chapter):
         used = {n: f for n, f in fns.items() if n in case.seams and f is not None}
@@ -89,20 +90,27 @@ def outcomes(chapter: str, fns: dict[str, Callable]) -> list[tuple[EdgeCase, str
                 got = case.run()
         except seams.SeamContractError as e:
             out.append((case, f"the engine stopped: {e}"))
+            if first:
+                break
             continue
         except NotImplementedError:
             raise
         except Exception as e:  # the learner's function crashed inside the engine
             out.append((case, f"the engine stopped: {type(e).__name__}: {e}"))
+            if first:
+                break
             continue
         out.append((case, "" if got == want else difference(got, want).lstrip(": ")))
+        if first and out[-1][1]:
+            break
     return out
 
 
-def check(chapter: str, fns: dict[str, Callable]) -> list[str]:
+def check(chapter: str, fns: dict[str, Callable], first: bool = False) -> list[str]:
     """One line per edge case where ``fns`` plugged in made the engine decide differently from
-    the library's code, or stop; an empty list: the engine decided the same in every case."""
-    return [f"{case.name}: {problem}" for case, problem in outcomes(chapter, fns) if problem]
+    the library's code, or stop; an empty list: the engine decided the same in every case.
+    ``first``: only the first such case (enough to reject a wrong function)."""
+    return [f"{case.name}: {problem}" for case, problem in outcomes(chapter, fns, first) if problem]
 
 
 def report(chapter: str, fns: dict[str, Callable]) -> list[str]:
